@@ -1,0 +1,48 @@
+"""How a pipeline is deployed (`DeployConfig`): placement, replicas, connectors, runtime options.
+
+Runtime options are typed per runtime kind: each stage runtime class declares an attrs `Options`
+class and `resolve()` checks a stage's `options` against the class of that stage's kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+Placement = Literal["inline", "process", "ray"]
+LoadBalancer = Literal["least_loaded", "round_robin"]
+
+
+@attrs.frozen
+class StageDeploy:
+    """Deployment of one stage: where it runs, how many replicas, and its runtime options."""
+
+    placement: Placement = "process"
+    replicas: int = 1
+    devices: tuple[str, ...] = ()
+    load_balancer: LoadBalancer = "least_loaded"
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class EdgeDeploy:
+    """The connector of one edge (``"source->target"``) and its options."""
+
+    connector: str = "shm"
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class DeployConfig:
+    """A deploy file: `streaming` chunked edges, per-stage and per-edge settings.
+
+    `defaults` apply to every stage before its own entry (e.g. ``placement: inline`` for tests);
+    `output_connector` carries user-facing outputs from stage workers to the engine.
+    """
+
+    streaming: bool = True
+    defaults: StageDeploy = attrs.field(factory=StageDeploy)
+    stages: dict[str, StageDeploy] = attrs.field(factory=dict)
+    edges: dict[str, EdgeDeploy] = attrs.field(factory=dict)
+    output_connector: EdgeDeploy = attrs.field(factory=EdgeDeploy)

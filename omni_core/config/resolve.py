@@ -1,0 +1,649 @@
+"""`resolve()`: model reference + deploy file + ``--set`` overrides -> `ResolvedPipeline`.
+
+The one resolution boundary: everything that can be wrong in a pipeline or its deployment is
+rejected here with a `ConfigError` naming the key, before any stage starts. Layers of the deploy
+config (the family's default file, the user's file or object, ``--set`` overrides) are raw dicts
+deep-merged in that order (later wins) and structured once into `DeployConfig`.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import cattrs
+import yaml
+from cattrs.cols import (
+    homogenous_tuple_structure_factory,
+    is_mapping,
+    is_sequence,
+    list_structure_factory,
+    mapping_structure_factory,
+)
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
+from cattrs.gen import make_dict_structure_fn
+
+from omni_core.config.deploy import DeployConfig, EdgeDeploy, StageDeploy
+from omni_core.config.modelref import read_hf_config, resolve_model_path
+from omni_core.config.overrides import STAGE_FIELDS, deep_merge, overrides_to_dict, unknown_name_message
+from omni_core.config.pipeline import MODALITIES, PipelineConfig, StageSpec
+from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
+from omni_core.errors import ConfigError, PluginError
+from omni_core.families import PipelineFamily
+from omni_core.refs import load_ref
+
+if TYPE_CHECKING:
+    from omni_core.plugins import PluginHost
+
+__all__ = ["resolve", "resolve_pipeline", "load_deploy", "check_pipeline", "structure_config", "STRICT"]
+
+DeploySource = str | Path | DeployConfig | Mapping[str, Any] | None
+
+
+def resolve(
+    model_ref: str,
+    deploy: DeploySource = None,
+    overrides: Sequence[str] = (),
+    plugins: PluginHost | None = None,
+) -> ResolvedPipeline:
+    """Resolve a model reference and its deployment into a validated `ResolvedPipeline`.
+
+    `deploy` is a YAML file path, a `DeployConfig` (only its non-default values override the
+    family's defaults) or a raw mapping; `overrides` are ``--set`` strings (see
+    `omni_core.config.overrides`). `plugins` defaults to the installed plugins.
+    """
+    host = plugins if plugins is not None else _default_plugins()
+    model_path = resolve_model_path(model_ref, host)
+    hf_config = read_hf_config(model_path)
+    family = host.family_for(model_ref, hf_config)
+    pipeline = build_pipeline(family, model_path, hf_config)
+    return resolve_pipeline(
+        pipeline,
+        model=model_ref,
+        model_path=str(model_path),
+        deploy=deploy,
+        overrides=overrides,
+        plugins=host,
+    )
+
+
+def build_pipeline(family: PipelineFamily, model_path: Path, hf_config: dict[str, Any]) -> PipelineConfig:
+    """Call the family's pipeline builder and check it returned a `PipelineConfig`."""
+    pipeline = load_ref(family.pipeline)(str(model_path), hf_config)
+    if not isinstance(pipeline, PipelineConfig):
+        raise PluginError(
+            f"family {family.name!r}: {family.pipeline} returned {type(pipeline).__name__}, "
+            "expected omni_core.config.pipeline.PipelineConfig"
+        )
+    return pipeline
+
+
+def resolve_pipeline(
+    pipeline: PipelineConfig,
+    *,
+    model: str,
+    model_path: str,
+    deploy: DeploySource = None,
+    overrides: Sequence[str] = (),
+    plugins: PluginHost,
+) -> ResolvedPipeline:
+    """Validate `pipeline`, merge its deployment and check every stage's runtime options."""
+    check_pipeline(pipeline, plugins)
+    deploy_config, raw = load_deploy(pipeline, deploy, overrides)
+    raw_stages: Mapping[str, Any] = raw.get("stages") or {}
+    raw_defaults: Mapping[str, Any] = raw.get("defaults") or {}
+    stage_deploys = {
+        spec.name: _stage_deploy(deploy_config, spec.name, raw_defaults, raw_stages.get(spec.name) or {})
+        for spec in pipeline.stages
+    }
+    options_classes: dict[str, type] = {}
+    stages = []
+    for spec in pipeline.stages:
+        runtime_ref = plugins.stage_runtimes[spec.kind]
+        if spec.kind not in options_classes:
+            options_classes[spec.kind] = _options_class(spec.kind, runtime_ref)
+        stage_deploy = stage_deploys[spec.name]
+        options = _check_options(spec, stage_deploy, options_classes[spec.kind], plugins)
+        inputs = tuple(
+            _resolve_edge(edge.source, spec.name, edge.adapter, deploy_config, raw, stage_deploys, plugins)
+            for edge in spec.inputs
+        )
+        stages.append(
+            ResolvedStage(
+                name=spec.name,
+                kind=spec.kind,
+                runtime_ref=runtime_ref,
+                model=spec.model,
+                inputs=inputs,
+                output=spec.output,
+                output_adapter=spec.output_adapter,
+                final=spec.final,
+                params=_plain(spec.params),
+                placement=stage_deploy.placement,
+                replicas=stage_deploy.replicas,
+                devices=stage_deploy.devices,
+                load_balancer=stage_deploy.load_balancer,
+                options=options,
+            )
+        )
+    output_connector, output_ref, output_options = _resolve_output_connector(
+        pipeline, deploy_config, raw, stage_deploys, plugins
+    )
+    return ResolvedPipeline(
+        model=model,
+        model_path=model_path,
+        family=pipeline.family,
+        stages=tuple(stages),
+        streaming=deploy_config.streaming,
+        input_processor=pipeline.input_processor,
+        default_modalities=pipeline.default_modalities,
+        output_connector=output_connector,
+        output_connector_ref=output_ref,
+        output_connector_options=output_options,
+    )
+
+
+# -- the pipeline a family declares ---------------------------------------------------------------
+
+
+def check_pipeline(pipeline: PipelineConfig, plugins: PluginHost) -> None:
+    """Reject a malformed stage graph: names, kinds, inputs, modalities, cycles, final stages."""
+    names: list[str] = []
+    for spec in pipeline.stages:
+        if spec.name in names:
+            raise ConfigError(
+                f"duplicate stage name {spec.name!r} in family {pipeline.family!r}", key=f"stages.{spec.name}"
+            )
+        names.append(spec.name)
+    if not names:
+        raise ConfigError(f"family {pipeline.family!r} declares no stages", key="stages")
+    for spec in pipeline.stages:
+        if spec.kind not in plugins.stage_runtimes:
+            raise ConfigError(
+                unknown_name_message("stage runtime kind", spec.kind, plugins.stage_runtimes)
+                + " (install the plugin that provides it)",
+                key=f"stages.{spec.name}.kind",
+            )
+        sources = [edge.source for edge in spec.inputs]
+        for source in sources:
+            if source not in names:
+                raise ConfigError(
+                    f"input from {unknown_name_message('stage', source, names)}",
+                    key=f"stages.{spec.name}.inputs",
+                )
+            if sources.count(source) > 1:
+                raise ConfigError(
+                    f"more than one input from stage {source!r}", key=f"stages.{spec.name}.inputs"
+                )
+        if spec.output is not None and spec.output not in MODALITIES:
+            raise ConfigError(
+                f"output modality {spec.output!r} is not one of: {', '.join(MODALITIES)}",
+                key=f"stages.{spec.name}.output",
+            )
+    for modality in pipeline.default_modalities:
+        if modality not in MODALITIES:
+            raise ConfigError(
+                f"{modality!r} is not one of: {', '.join(MODALITIES)}", key="default_modalities"
+            )
+    _check_acyclic(pipeline)
+    finals = [spec for spec in pipeline.stages if spec.final]
+    if not finals:
+        raise ConfigError(
+            f"family {pipeline.family!r} has no final stage: "
+            "mark the stage that completes a request final=True",
+            key="stages",
+        )
+    for spec in finals:
+        consumers = [
+            other.name for other in pipeline.stages if any(e.source == spec.name for e in other.inputs)
+        ]
+        if consumers:
+            raise ConfigError(
+                f"final stage {spec.name!r} feeds {', '.join(consumers)}: a final stage must be a sink",
+                key=f"stages.{spec.name}.final",
+            )
+
+
+def _check_acyclic(pipeline: PipelineConfig) -> None:
+    upstream = {spec.name: [edge.source for edge in spec.inputs] for spec in pipeline.stages}
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycle = trail[trail.index(name) :] + [name]
+            # The trail walks inputs (downstream to upstream); report it in data-flow order.
+            raise ConfigError(
+                f"the stage graph has a cycle: {' -> '.join(reversed(cycle))}", key=f"stages.{name}"
+            )
+        if name in done:
+            return
+        for source in upstream[name]:
+            visit(source, trail + [name])
+        done.add(name)
+
+    for spec in pipeline.stages:
+        visit(spec.name, [])
+
+
+# -- the deploy config ----------------------------------------------------------------------------
+
+
+def load_deploy(
+    pipeline: PipelineConfig, deploy: DeploySource = None, overrides: Sequence[str] = ()
+) -> tuple[DeployConfig, dict[str, Any]]:
+    """Merge the family default, the user's deploy and the overrides; return the config and raw dict.
+
+    Each layer is checked on its own first, so an error names the file (or ``--set``) to fix.
+    """
+    stage_names = [spec.name for spec in pipeline.stages]
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if pipeline.default_deploy:
+        layers.append(_read_default_deploy(pipeline))
+    if deploy is not None:
+        layers.append(_user_layer(deploy))
+    if overrides:
+        layers.append(("--set overrides", overrides_to_dict(overrides, stage_names)))
+    merged: dict[str, Any] = {}
+    for source, layer in layers:
+        _check_layer(layer, source, pipeline)
+        merged = deep_merge(merged, layer)
+    config = structure_config(merged, DeployConfig, source="the merged deploy config")
+    return config, merged
+
+
+def _read_default_deploy(pipeline: PipelineConfig) -> tuple[str, dict[str, Any]]:
+    ref = pipeline.default_deploy or ""
+    package, sep, resource = ref.partition(":")
+    if not sep or not package or not resource:
+        raise PluginError(
+            f"family {pipeline.family!r}: default_deploy {ref!r} must be 'package:path/deploy.yaml'"
+        )
+    try:
+        text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+    except (OSError, ModuleNotFoundError, UnicodeDecodeError) as exc:
+        raise PluginError(
+            f"family {pipeline.family!r}: cannot read default deploy file {ref}: {exc}"
+        ) from exc
+    source = f"default deploy file {ref}"
+    return source, _parse_yaml(text, source)
+
+
+def _user_layer(deploy: str | Path | DeployConfig | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    if isinstance(deploy, DeployConfig):
+        return "the deploy argument", _explicit_values(deploy)
+    if isinstance(deploy, Mapping):
+        return "the deploy argument", dict(deploy)
+    path = Path(deploy).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read deploy file {path}: {exc}", key=str(path)) from exc
+    source = f"deploy file {path}"
+    return source, _parse_yaml(text, source)
+
+
+def _parse_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source} must hold a mapping (streaming, defaults, stages, edges), not {type(data).__name__}"
+        )
+    return data
+
+
+def _explicit_values(obj: Any) -> Any:
+    """Unstructure an attrs object keeping only values that differ from their defaults.
+
+    A `DeployConfig` built in code says nothing about the fields it leaves at their defaults, so
+    those must not erase the family's default deploy file.
+    """
+    if attrs.has(type(obj)):
+        out: dict[str, Any] = {}
+        for field in attrs.fields(type(obj)):
+            value = getattr(obj, field.name)
+            default = field.default
+            if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                default = default.factory()  # type: ignore[union-attr]
+            if value != default:
+                out[field.name] = _explicit_values(value)
+        return out
+    if isinstance(obj, Mapping):
+        return {key: _explicit_values(value) for key, value in obj.items()}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def _check_layer(layer: dict[str, Any], source: str, pipeline: PipelineConfig) -> None:
+    config: DeployConfig = structure_config(layer, DeployConfig, source=source)
+    names = [spec.name for spec in pipeline.stages]
+    edges = [f"{edge.source}->{spec.name}" for spec in pipeline.stages for edge in spec.inputs]
+    for name in config.stages:
+        if name not in names:
+            raise ConfigError(
+                f"{unknown_name_message('stage', name, names)} (in {source})", key=f"stages.{name}"
+            )
+    for key in config.edges:
+        source_name, arrow, target = key.partition("->")
+        if not arrow:
+            raise ConfigError(f"edge keys are 'SOURCE->TARGET' (in {source})", key=f"edges.{key}")
+        for end in (source_name, target):
+            if end not in names:
+                raise ConfigError(
+                    f"edge names {unknown_name_message('stage', end, names)} (in {source})",
+                    key=f"edges.{key}",
+                )
+        if key not in edges:
+            raise ConfigError(
+                f"the pipeline has no edge {key}; its edges: {', '.join(edges) or 'none'} (in {source})",
+                key=f"edges.{key}",
+            )
+    if config.defaults.options:
+        raise ConfigError(
+            "runtime options are typed per stage kind: set them per stage (stages.NAME.options) "
+            f"(in {source})",
+            key="defaults.options",
+        )
+    for name, stage in [
+        ("defaults", config.defaults),
+        *((f"stages.{n}", s) for n, s in config.stages.items()),
+    ]:
+        if stage.replicas < 1:
+            raise ConfigError(
+                f"replicas must be at least 1, got {stage.replicas} (in {source})", key=f"{name}.replicas"
+            )
+
+
+def _stage_deploy(
+    config: DeployConfig, name: str, raw_defaults: Mapping[str, Any], raw_stage: Mapping[str, Any]
+) -> StageDeploy:
+    # `defaults` fill what the stage's own entry leaves unset; the structured entry alone cannot
+    # tell "unset" from "set to the class default", hence the raw dict.
+    own = config.stages.get(name, StageDeploy())
+    fields = {field: getattr(own, field) for field in STAGE_FIELDS if field in raw_stage}
+    return attrs.evolve(config.defaults, options=own.options, **fields)
+
+
+def _options_class(kind: str, runtime_ref: str) -> type:
+    try:
+        runtime = load_ref(runtime_ref)
+    except ImportError as exc:
+        raise PluginError(
+            f"stage runtime kind {kind!r} ({runtime_ref}) cannot be imported: {exc}; its module must "
+            "import without heavy dependencies (import torch/vllm inside functions)"
+        ) from exc
+    options_class = getattr(runtime, "Options", None)
+    if options_class is None or not attrs.has(options_class):
+        raise PluginError(f"stage runtime {runtime_ref} must set `Options` to an attrs class")
+    return options_class
+
+
+def _check_options(
+    spec: StageSpec, deploy: StageDeploy, options_class: type, plugins: PluginHost
+) -> dict[str, Any]:
+    key = f"stages.{spec.name}.options"
+    merged = deep_merge(spec.options, deploy.options)
+    options = structure_config(
+        merged, options_class, key=key, source=f"options of {spec.kind!r} stage {spec.name!r}"
+    )
+    quantization = getattr(options, "quantization", None)
+    if quantization is not None and quantization not in plugins.quantization_resolvers:
+        raise ConfigError(
+            unknown_name_message("quantization", str(quantization), plugins.quantization_resolvers)
+            + " (install the plugin that provides it)",
+            key=f"{key}.quantization",
+        )
+    return _plain(STRICT.unstructure(options))
+
+
+def _plain(value: Any) -> Any:
+    """JSON-shaped copy (tuples become lists), so `ResolvedPipeline` survives a JSON round trip."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _resolve_edge(
+    source: str,
+    target: str,
+    adapter: str | None,
+    config: DeployConfig,
+    raw: Mapping[str, Any],
+    stage_deploys: Mapping[str, StageDeploy],
+    plugins: PluginHost,
+) -> ResolvedEdge:
+    key = f"{source}->{target}"
+    raw_edge = (raw.get("edges") or {}).get(key) or {}
+    edge = config.edges.get(key, EdgeDeploy())
+    inline = [stage_deploys[source].placement == "inline", stage_deploys[target].placement == "inline"]
+    name = edge.connector if "connector" in raw_edge else ("inproc" if all(inline) else "shm")
+    ref = _connector_ref(name, all(inline), f"edges.{key}.connector", plugins)
+    return ResolvedEdge(
+        source=source,
+        target=target,
+        adapter=adapter,
+        connector=name,
+        connector_ref=ref,
+        connector_options=dict(edge.options),
+    )
+
+
+def _resolve_output_connector(
+    pipeline: PipelineConfig,
+    config: DeployConfig,
+    raw: Mapping[str, Any],
+    stage_deploys: Mapping[str, StageDeploy],
+    plugins: PluginHost,
+) -> tuple[str, str, dict[str, Any]]:
+    # The same connector carries request input into entry stages and user-facing outputs back
+    # from any stage, so it can only be in-process when every stage is.
+    all_inline = all(stage_deploys[spec.name].placement == "inline" for spec in pipeline.stages)
+    raw_out = raw.get("output_connector") or {}
+    name = (
+        config.output_connector.connector if "connector" in raw_out else ("inproc" if all_inline else "shm")
+    )
+    ref = _connector_ref(name, all_inline, "output_connector.connector", plugins)
+    return name, ref, dict(config.output_connector.options)
+
+
+def _connector_ref(name: str, all_inline: bool, key: str, plugins: PluginHost) -> str:
+    if name not in plugins.connectors:
+        raise ConfigError(
+            unknown_name_message("connector", name, plugins.connectors)
+            + " (install the plugin that provides it)",
+            key=key,
+        )
+    if name == "inproc" and not all_inline:
+        raise ConfigError(
+            "the inproc connector only links stages of one process: place both ends inline "
+            "(placement: inline) or use shm",
+            key=key,
+        )
+    return plugins.connectors[name]
+
+
+def _default_plugins() -> PluginHost:
+    from omni_core.plugins import default_plugins
+
+    return default_plugins()
+
+
+# -- strict structuring of user-written config ----------------------------------------------------
+# cattrs' default converter coerces (``int("2")``, ``int(2.5)``, a string into a tuple of its
+# characters); ``replicas: "two"`` or ``devices: cuda:0`` must be errors that name the key instead.
+
+
+def structure_config(data: Any, cls: type, key: str = "", source: str | None = None) -> Any:
+    """Structure `data` into `cls` with `STRICT`; errors become one `ConfigError` naming the keys.
+
+    `key` prefixes every reported key (e.g. ``stages.thinker.options``); `source` (a file name,
+    ``--set``) is added to the message so the user knows where to fix it.
+    """
+    try:
+        return STRICT.structure(data, cls)
+    except Exception as exc:  # cattrs raises (groups of) whatever the hooks raised
+        problems = _collect_errors(exc, key)
+        first_key, message = problems[0]
+        if len(problems) > 1:
+            message += "; also " + "; ".join(f"{k}: {m}" for k, m in problems[1:])
+        if source:
+            message += f" (in {source})"
+        raise ConfigError(message, key=first_key or None) from exc
+
+
+def _collect_errors(exc: BaseException, path: str) -> list[tuple[str, str]]:
+    """Flatten a cattrs exception tree into ``(dotted key, message)`` pairs."""
+    if isinstance(exc, ForbiddenExtraKeysError):
+        known = [f.name for f in attrs.fields(exc.cl)] if attrs.has(exc.cl) else []
+        return [
+            (_join(path, name), unknown_name_message("key", name, known)) for name in sorted(exc.extra_fields)
+        ]
+    if isinstance(exc, (ClassValidationError, IterableValidationError)):
+        with_notes, without_notes = exc.group_exceptions()
+        problems: list[tuple[str, str]] = []
+        for sub, note in with_notes:
+            if isinstance(note, AttributeValidationNote):
+                segment = note.name
+            elif isinstance(note, IterableValidationNote):
+                segment = str(note.index)
+            else:
+                segment = ""
+            problems += _collect_errors(sub, _join(path, segment))
+        for sub in without_notes:
+            problems += _collect_errors(sub, path)
+        return problems or [(path, str(exc))]
+    return [(path, str(exc) or type(exc).__name__)]
+
+
+def _join(path: str, segment: str) -> str:
+    if not segment:
+        return path
+    return f"{path}.{segment}" if path else segment
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def _structure_int(value: Any, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r} ({_kind(value)})")
+    return value
+
+
+def _structure_float(value: Any, _: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r} ({_kind(value)})")
+    return float(value)
+
+
+def _structure_bool(value: Any, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r} ({_kind(value)})")
+    return value
+
+
+def _structure_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r} ({_kind(value)})")
+    return value
+
+
+def _literal_hook(type_: Any) -> Callable[[Any, type], Any]:
+    allowed = typing.get_args(type_)
+
+    def structure(value: Any, _: type) -> Any:
+        if not any(value == a and type(value) is type(a) for a in allowed):
+            raise ValueError(f"{value!r} is not one of: {', '.join(map(str, allowed))}")
+        return value
+
+    return structure
+
+
+def _is_union(type_: Any) -> bool:
+    return typing.get_origin(type_) in (typing.Union, types.UnionType)
+
+
+def _union_hook(type_: Any, converter: cattrs.Converter) -> Callable[[Any, type], Any]:
+    members = typing.get_args(type_)
+
+    def structure(value: Any, _: type) -> Any:
+        if value is None and type(None) in members:
+            return None
+        # First member that takes the value as it is wins: no coercion, as everywhere else.
+        for member in members:
+            if member is type(None):
+                continue
+            try:
+                return converter.structure(value, member)
+            except Exception:
+                continue
+        names = " or ".join(
+            getattr(m, "__name__", str(m)) if m is not type(None) else "null" for m in members
+        )
+        raise TypeError(f"expected {names}, got {value!r} ({_kind(value)})")
+
+    return structure
+
+
+def _checked(
+    base: Callable[[Any, Any], Any], accepts: tuple[type, ...], expected: str
+) -> Callable[[Any, Any], Any]:
+    def structure(value: Any, type_: Any) -> Any:
+        if not isinstance(value, accepts):
+            raise TypeError(f"expected {expected}, got {value!r} ({_kind(value)})")
+        return base(value, type_)
+
+    return structure
+
+
+def _is_homogenous_tuple(type_: Any) -> bool:
+    args = typing.get_args(type_)
+    return typing.get_origin(type_) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def make_strict_converter() -> cattrs.Converter:
+    """A converter that never coerces, forbids unknown keys and reports every error."""
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    converter.register_structure_hook(int, _structure_int)
+    converter.register_structure_hook(float, _structure_float)
+    converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook(str, _structure_str)
+    converter.register_structure_hook_factory(lambda t: typing.get_origin(t) is Literal, _literal_hook)
+    converter.register_structure_hook_factory(_is_union, _union_hook)
+    converter.register_structure_hook_factory(
+        _is_homogenous_tuple,
+        lambda t, c: _checked(homogenous_tuple_structure_factory(t, c), (list, tuple), "a list"),
+    )
+    converter.register_structure_hook_factory(
+        lambda t: is_sequence(t) and typing.get_origin(t) is not tuple and t is not tuple,
+        lambda t, c: _checked(list_structure_factory(t, c), (list, tuple), "a list"),
+    )
+    converter.register_structure_hook_factory(
+        is_mapping, lambda t, c: _checked(mapping_structure_factory(t, c), (Mapping,), "a mapping")
+    )
+    converter.register_structure_hook_factory(
+        attrs.has, lambda t, c: _checked(make_dict_structure_fn(t, c), (Mapping,), "a mapping")
+    )
+    return converter
+
+
+STRICT = make_strict_converter()

@@ -1,0 +1,83 @@
+"""`ResolvedPipeline`: the plain-data result of `resolve()`, what every stage worker receives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+
+_converter = cattrs.Converter()
+
+
+@attrs.frozen
+class ResolvedEdge:
+    """An edge with its connector chosen; `adapter` as in `EdgeSpec`."""
+
+    source: str
+    target: str
+    adapter: str | None
+    connector: str
+    connector_ref: str
+    connector_options: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.source}->{self.target}"
+
+
+@attrs.frozen
+class ResolvedStage:
+    """A stage with its deployment merged in; `options` are the validated runtime options."""
+
+    name: str
+    kind: str
+    runtime_ref: str
+    model: str
+    inputs: tuple[ResolvedEdge, ...] = ()
+    output: str | None = None
+    output_adapter: str | None = None
+    final: bool = False
+    params: dict[str, Any] = attrs.field(factory=dict)
+    placement: str = "process"
+    replicas: int = 1
+    devices: tuple[str, ...] = ()
+    load_balancer: str = "least_loaded"
+    options: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ResolvedPipeline:
+    """Everything needed to run a pipeline, as plain data (JSON via `to_dict`)."""
+
+    model: str
+    model_path: str
+    family: str
+    stages: tuple[ResolvedStage, ...]
+    streaming: bool = True
+    input_processor: str | None = None
+    default_modalities: tuple[str, ...] = ("text",)
+    output_connector: str = "shm"
+    output_connector_ref: str = "omni_core.connectors.shm:SharedMemoryConnector"
+    output_connector_options: dict[str, Any] = attrs.field(factory=dict)
+
+    def stage(self, name: str) -> ResolvedStage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    def downstream(self, name: str) -> list[ResolvedEdge]:
+        """Edges leaving stage `name`."""
+        return [edge for stage in self.stages for edge in stage.inputs if edge.source == name]
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.output for s in self.stages if s.output))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _converter.unstructure(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ResolvedPipeline":
+        return _converter.structure(data, cls)

@@ -1,0 +1,135 @@
+"""`AsyncOmniEngine`: the composition root — stage groups, connectors and the orchestrator."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+from omni_core.config.resolved import ResolvedPipeline
+from omni_core.connectors.base import Connector
+from omni_core.engine.inputs import TextPromptProcessor
+from omni_core.engine.orchestrator import Orchestrator
+from omni_core.engine.params import check_stage_names
+from omni_core.engine.request import OmniRequest
+from omni_core.errors import OmniError, StageError
+from omni_core.outputs import OutputDelta
+from omni_core.refs import load_ref
+from omni_core.runtime.stage_group import StageGroup
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncOmniEngine:
+    """Runs a `ResolvedPipeline`: start, generate (streamed), abort, health, shutdown.
+
+    Use as ``async with AsyncOmniEngine(pipeline) as engine: ...`` or call `start`/`shutdown`.
+    """
+
+    def __init__(self, pipeline: ResolvedPipeline) -> None:
+        self.pipeline = pipeline
+        self.groups: dict[str, StageGroup] = {}
+        self.orchestrator: Orchestrator | None = None
+        self._connectors: list[Connector] = []
+        self._input_processor: Any = None
+        self._started = False
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        deploy: str | Path | None = None,
+        overrides: Sequence[str] = (),
+        plugins: Any = None,
+    ) -> "AsyncOmniEngine":
+        """Resolve `model` (a local dir, a hub id in the HF cache or ``omni-tiny/<family>``)."""
+        from omni_core.config import resolve
+
+        return cls(resolve(model, deploy=deploy, overrides=overrides, plugins=plugins))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Start every stage replica and wait until all are ready."""
+        if self._started:
+            return
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        io_connector = load_ref(self.pipeline.output_connector_ref)(**self.pipeline.output_connector_options)
+        edge_connectors: dict[str, Connector] = {}
+        for stage in self.pipeline.stages:
+            for edge in stage.inputs:
+                edge_connectors[edge.key] = load_ref(edge.connector_ref)(**edge.connector_options)
+        self._connectors = [io_connector, *edge_connectors.values()]
+        inline_connectors = {"request": io_connector, "output": io_connector, **edge_connectors}
+        self.orchestrator = Orchestrator(self.pipeline, self.groups, io_connector, edge_connectors)
+        for stage in self.pipeline.stages:
+            self.groups[stage.name] = StageGroup(self.pipeline, stage, self._dispatch, loop, inline_connectors)
+        processor_factory = load_ref(self.pipeline.input_processor) if self.pipeline.input_processor else TextPromptProcessor
+        self._input_processor = processor_factory(self.pipeline)
+        self._started = True
+        try:
+            for group in self.groups.values():
+                group.start()
+            waits = [group.wait_ready() for group in self.groups.values()]
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+        except BaseException:
+            await self.shutdown()
+            raise
+        logger.info("pipeline %s (%s) ready in %.1f s", self.pipeline.family, self.pipeline.model, time.monotonic() - started)
+
+    async def shutdown(self) -> None:
+        """Fail in-flight requests, stop every replica and free connectors."""
+        if not self._started:
+            return
+        self._started = False
+        if self.orchestrator is not None:
+            self.orchestrator.fail_all(StageError("engine", "the engine is shutting down"))
+        await asyncio.gather(*(asyncio.to_thread(group.stop) for group in self.groups.values()))
+        for connector in self._connectors:
+            connector.close()
+        self._connectors = []
+
+    async def __aenter__(self) -> "AsyncOmniEngine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+
+    def _dispatch(self, stage: str, replica: int, message: Any) -> None:
+        if self.orchestrator is not None:
+            self.orchestrator.on_message(stage, replica, message)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def generate(self, request: OmniRequest) -> AsyncIterator[OutputDelta]:
+        """Run `request`; yield its output deltas as stages produce them, in order per stage.
+
+        Raises `InvalidRequestError` for bad input, `StageError` if a stage fails it, and
+        `RequestCancelledError` if it is aborted. Closing the iterator early aborts the request.
+        """
+        if not self._started or self.orchestrator is None:
+            raise OmniError("the engine is not started: call `await engine.start()` first")
+        check_stage_names(request.params, [s.name for s in self.pipeline.stages])
+        state = self.orchestrator.plan(request)
+        stage_inputs = await asyncio.to_thread(self._input_processor, request)
+        self.orchestrator.submit(state, stage_inputs)
+        async for delta in self.orchestrator.stream(request.request_id):
+            yield delta
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request in every stage (no-op if it is unknown or finished)."""
+        if self.orchestrator is not None:
+            self.orchestrator.abort(request_id)
+
+    async def health(self) -> list[dict[str, Any]]:
+        """One entry per replica: healthy, ready, active requests, restarts."""
+        reports = await asyncio.gather(*(group.health() for group in self.groups.values()))
+        return [entry for report in reports for entry in report]
+
+    @property
+    def num_active_requests(self) -> int:
+        return 0 if self.orchestrator is None else len(self.orchestrator.requests)

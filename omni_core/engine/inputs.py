@@ -1,0 +1,29 @@
+"""The core's default input processor: a text prompt (or chat messages) for the entry stages."""
+
+from __future__ import annotations
+
+from omni_core.config.resolved import ResolvedPipeline
+from omni_core.engine.request import OmniRequest
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import StageInput
+
+
+class TextPromptProcessor:
+    """Gives every entry stage ``{"prompt": text}`` or ``{"messages": [...]}``.
+
+    Families with multimodal input provide their own processor (`PipelineConfig.input_processor`).
+    """
+
+    def __init__(self, pipeline: ResolvedPipeline) -> None:
+        self.entry_stages = [stage.name for stage in pipeline.stages if not stage.inputs]
+
+    def __call__(self, request: OmniRequest) -> dict[str, StageInput]:
+        if request.prompt is not None:
+            if not isinstance(request.prompt, str):
+                raise InvalidRequestError("prompt must be a string", param="prompt")
+            data = {"prompt": request.prompt}
+        elif request.messages is not None:
+            data = {"messages": request.messages}
+        else:
+            raise InvalidRequestError("a request needs a prompt or messages", param="prompt")
+        return {name: StageInput(data=dict(data), final=True) for name in self.entry_stages}

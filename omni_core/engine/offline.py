@@ -1,0 +1,130 @@
+"""Offline entry points: `AsyncOmni` (async, streaming) and `Omni` (blocking, batched)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.engine.request import OmniRequest
+from omni_core.engine.result import OmniResult
+from omni_core.errors import OmniError
+from omni_core.outputs import OutputDelta
+
+PromptLike = str | dict[str, Any] | OmniRequest
+
+
+def to_request(prompt: PromptLike, modalities: Sequence[str] | None, params_per_stage: dict[str, dict] | None) -> OmniRequest:
+    """Build an `OmniRequest` from a prompt string, a dict of request fields or a request."""
+    if isinstance(prompt, OmniRequest):
+        return prompt
+    if isinstance(prompt, str):
+        fields: dict[str, Any] = {"prompt": prompt}
+    elif isinstance(prompt, dict):
+        fields = dict(prompt)
+    else:
+        raise OmniError(f"a prompt must be a str, a dict or an OmniRequest, got {type(prompt).__name__}")
+    if modalities is not None:
+        fields.setdefault("modalities", tuple(modalities))
+    if params_per_stage:
+        fields.setdefault("params", params_per_stage)
+    if fields.get("modalities") is not None:
+        fields["modalities"] = tuple(fields["modalities"])
+    return OmniRequest(**fields)
+
+
+class AsyncOmni:
+    """Async offline API: ``async with AsyncOmni(model) as omni: async for delta in omni.generate(...)``."""
+
+    def __init__(self, model: str, deploy: str | Path | None = None, overrides: Sequence[str] = (), plugins: Any = None) -> None:
+        self.engine = AsyncOmniEngine.from_model(model, deploy=deploy, overrides=overrides, plugins=plugins)
+
+    async def __aenter__(self) -> "AsyncOmni":
+        await self.engine.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.engine.shutdown()
+
+    async def generate(
+        self, prompt: PromptLike, modalities: Sequence[str] | None = None, params_per_stage: dict[str, dict] | None = None
+    ) -> AsyncIterator[OutputDelta]:
+        """Yield the request's output deltas as they stream out."""
+        async for delta in self.engine.generate(to_request(prompt, modalities, params_per_stage)):
+            yield delta
+
+    async def generate_result(
+        self, prompt: PromptLike, modalities: Sequence[str] | None = None, params_per_stage: dict[str, dict] | None = None,
+        on_delta: Callable[[OutputDelta], None] | None = None,
+    ) -> OmniResult:
+        """Run one request to completion and return its accumulated `OmniResult`."""
+        request = to_request(prompt, modalities, params_per_stage)
+        result = OmniResult(request.request_id)
+        async for delta in self.engine.generate(request):
+            result.add(delta)
+            if on_delta is not None:
+                on_delta(delta)
+        return result
+
+
+class Omni:
+    """Blocking offline API: ``Omni(model).generate(["a", "b"])`` runs the prompts concurrently.
+
+    The engine runs on an event loop in a background thread; call `close()` (or use ``with``).
+    """
+
+    def __init__(self, model: str, deploy: str | Path | None = None, overrides: Sequence[str] = (), plugins: Any = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="omni-engine-loop", daemon=True)
+        self._thread.start()
+        self._omni = AsyncOmni(model, deploy=deploy, overrides=overrides, plugins=plugins)
+        try:
+            self._run(self._omni.engine.start())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def pipeline(self) -> Any:
+        return self._omni.engine.pipeline
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(
+        self,
+        prompts: PromptLike | Sequence[PromptLike],
+        modalities: Sequence[str] | None = None,
+        params_per_stage: dict[str, dict] | None = None,
+        on_delta: Callable[[OutputDelta], None] | None = None,
+    ) -> list[OmniResult]:
+        """Run every prompt (concurrently, so stages batch them); results in prompt order.
+
+        Raises the first request's error if any request fails.
+        """
+        items = [prompts] if isinstance(prompts, (str, dict, OmniRequest)) else list(prompts)
+
+        async def run_all() -> list[OmniResult]:
+            tasks = [self._omni.generate_result(p, modalities, params_per_stage, on_delta) for p in items]
+            return list(await asyncio.gather(*tasks))
+
+        return self._run(run_all())
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            try:
+                self._run(self._omni.engine.shutdown())
+            finally:
+                self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> "Omni":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,111 @@
+"""`OmniResult`: a request's outputs accumulated from its streamed deltas, and saving them as files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from omni_core.outputs import OutputDelta
+
+
+@attrs.define
+class OmniResult:
+    """Everything a request produced, by modality.
+
+    `text`/`token_ids`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
+    (float32 samples) and `sample_rate` from the ``audio`` stage; `images`/`video` likewise.
+    `extra` keeps any other keys per stage (last value wins).
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = attrs.field(factory=list)
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    audio: Any = None
+    sample_rate: int | None = None
+    images: list[Any] = attrs.field(factory=list)
+    video: Any = None
+    fps: float | None = None
+    extra: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    _audio_parts: list[Any] = attrs.field(factory=list, repr=False)
+
+    def add(self, delta: OutputDelta) -> None:
+        data = dict(delta.data)
+        if delta.modality == "text":
+            self.text += data.pop("text", "") or ""
+            self.token_ids.extend(int(t) for t in data.pop("token_ids", []) or [])
+            prompt = data.pop("prompt_token_ids", None)
+            if prompt is not None and self.prompt_token_ids is None:
+                self.prompt_token_ids = [int(t) for t in prompt]
+            self.finish_reason = data.pop("finish_reason", None) or self.finish_reason
+        elif delta.modality == "audio":
+            audio = data.pop("audio", None)
+            if audio is not None and len(audio):
+                self._audio_parts.append(_numpy(audio).reshape(-1))
+            self.sample_rate = data.pop("sample_rate", None) or self.sample_rate
+            if self._audio_parts:
+                import numpy as np
+
+                self.audio = np.concatenate(self._audio_parts).astype("float32", copy=False)
+        elif delta.modality == "image":
+            image = data.pop("image", None)
+            if image is not None:
+                self.images.extend(image if isinstance(image, list) else [image])
+        elif delta.modality == "video":
+            video = data.pop("video", None)
+            if video is not None:
+                self.video = video
+            self.fps = data.pop("fps", None) or self.fps
+        if data:
+            self.extra.setdefault(delta.stage, {}).update(data)
+
+    @property
+    def audio_duration(self) -> float | None:
+        if self.audio is None or not self.sample_rate:
+            return None
+        return len(self.audio) / self.sample_rate
+
+    def save(self, directory: str | Path) -> dict[str, str]:
+        """Write media outputs as files a person opens (WAV, PNG); return their paths by kind."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        paths: dict[str, str] = {}
+        if self.audio is not None and self.sample_rate:
+            import soundfile
+
+            path = out / f"{self.request_id}.wav"
+            soundfile.write(path, self.audio, self.sample_rate, subtype="PCM_16")
+            paths["audio"] = str(path)
+        for i, image in enumerate(self.images):
+            from PIL import Image
+
+            path = out / f"{self.request_id}-{i}.png"
+            Image.fromarray(_numpy(image)).save(path)
+            paths[f"image{i}" if i else "image"] = str(path)
+        return paths
+
+    def to_json(self, paths: dict[str, str] | None = None) -> dict[str, Any]:
+        """Plain-data summary (what ``omni generate --json`` prints)."""
+        result: dict[str, Any] = {"request_id": self.request_id, "text": self.text, "finish_reason": self.finish_reason}
+        if self.prompt_token_ids is not None or self.token_ids:
+            result["prompt_token_ids"] = self.prompt_token_ids
+            result["token_ids"] = self.token_ids
+        if self.audio is not None:
+            result["audio"] = {"path": (paths or {}).get("audio"), "sample_rate": self.sample_rate, "duration_s": self.audio_duration, "num_samples": int(len(self.audio))}
+        if self.images:
+            result["images"] = [{"path": (paths or {}).get(f"image{i}" if i else "image"), "shape": list(_numpy(im).shape)} for i, im in enumerate(self.images)]
+        return result
+
+
+def _numpy(value: Any) -> Any:
+    import numpy as np
+
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return value.numpy()
+    return np.asarray(value)

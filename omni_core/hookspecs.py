@@ -1,0 +1,87 @@
+"""Omni's hook specifications (pluggy project ``omni``).
+
+Plugins implement these with `omni_core.hookimpl` in their ``plugin`` module, declared under the
+``omni`` entry-point group. Registration hooks receive a `register` callable and register *lazy*
+``"module:attr"`` references, so discovery imports nothing heavy. Implementations may accept fewer
+arguments than a spec; specs only ever grow by new arguments.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+    from omni_core.families import PipelineFamily
+
+hookspec = pluggy.HookspecMarker("omni")
+hookimpl = pluggy.HookimplMarker("omni")
+
+
+# -- what a pipeline is made of -------------------------------------------------------------------
+
+
+@hookspec
+def register_pipelines(register: Callable[[PipelineFamily], None]) -> None:
+    """Register model families: ``register(PipelineFamily(name=..., pipeline="pkg.mod:build", ...))``.
+
+    :param register: call once per family; names must be unique across plugins.
+    """
+
+
+@hookspec
+def register_stage_runtimes(register: Callable[[str, str], None]) -> None:
+    """Register stage runtime kinds: ``register("ar", "pkg.mod:ARStageRuntime")``.
+
+    The class subclasses `omni_core.stages.base.StageRuntime`; its `Options` attrs class types the
+    kind's deploy options.
+    """
+
+
+@hookspec
+def register_connectors(register: Callable[[str, str], None]) -> None:
+    """Register connectors: ``register("shm", "pkg.mod:SharedMemoryConnector")``.
+
+    The class subclasses `omni_core.connectors.base.Connector` and passes
+    `omni_core.testing.connector_contract`.
+    """
+
+
+@hookspec
+def register_quantization_resolvers(register: Callable[[str, str], None]) -> None:
+    """Register quantization resolvers: ``register("int8", "pkg.mod:resolve_int8")``.
+
+    A resolver is ``(kind: str, options: dict) -> dict``: it maps a stage's ``quantization`` option
+    to what that stage's runtime applies (vLLM quantization arguments for ``ar``; a linear-layer
+    swap spec for ``diffusion``). It raises `ConfigError` for kinds it does not support.
+    """
+
+
+# -- decisions ------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def resolve_pipeline(model_ref: str, hf_config: dict[str, Any]) -> str | None:
+    """Pick the family name for a checkpoint, or ``None`` to let other plugins decide.
+
+    Stops at the first non-None result. `hf_config` is the checkpoint's ``config.json`` (or
+    diffusers ``model_index.json``). The core's default matches registered families by
+    ``architectures``, ``model_type`` and diffusers ``_class_name``; implement this only for
+    matching that needs more.
+    """
+
+
+# -- entry points ---------------------------------------------------------------------------------
+
+
+@hookspec
+def register_commands(cli: click.Group) -> None:
+    """Add subcommands to the ``omni`` CLI group."""
+
+
+@hookspec
+def register_routes(register: Callable[[str], None]) -> None:
+    """Register extra server routes: ``register("pkg.mod:handler_or_controller")`` (Litestar)."""

@@ -1,0 +1,75 @@
+"""Data that flows through a pipeline: stage chunks, stage inputs and user-facing outputs.
+
+A stage emits `Chunk`s for a request; a full (non-streamed) payload is simply one final chunk, so
+streaming and non-streaming share one code path. Payload `data` is a dict of tensors (torch or
+numpy), plain scalars, strings and lists; connectors move it between processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+Payload = dict[str, Any]
+
+
+@attrs.define
+class Chunk:
+    """A piece of one request's output from one stage.
+
+    `index` counts the chunks of (request, stage) from 0; `final` marks the last one. A chunk with
+    `error` set fails the request (only that request).
+    """
+
+    request_id: str
+    stage: str
+    index: int
+    data: Payload = attrs.field(factory=dict)
+    final: bool = False
+    error: str | None = None
+
+
+@attrs.define
+class StageInput:
+    """Input for one request of a stage.
+
+    The first `StageInput` of a request starts it (`params` are the merged per-stage parameters);
+    when `final` is false more input follows (a streamed upstream), delivered through
+    `StageRuntime.extend_request`.
+    """
+
+    data: Payload = attrs.field(factory=dict)
+    final: bool = True
+    params: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define
+class OutputDelta:
+    """What one stage contributes to a user-facing output, per chunk.
+
+    The core understands these keys of `data` (plugins' output adapters produce them):
+    `text` (str delta), `token_ids` (list[int] delta), `prompt_token_ids` (list[int], once),
+    `audio` (1-D float32 samples), `sample_rate` (int), `image` (HxWxC uint8 array or a list of them),
+    `video` (TxHxWxC uint8), `fps` (float), `actions` (array). Other keys are passed through.
+    """
+
+    request_id: str
+    stage: str
+    modality: str
+    index: int
+    data: Payload = attrs.field(factory=dict)
+    final: bool = False
+
+
+@attrs.define
+class RequestOutput:
+    """One streamed output of a request as `AsyncOmni` yields it, or the accumulated result.
+
+    `deltas` holds the new pieces since the previous yield; `finished` is true on the last one.
+    """
+
+    request_id: str
+    deltas: list[OutputDelta] = attrs.field(factory=list)
+    finished: bool = False
+    error: str | None = None

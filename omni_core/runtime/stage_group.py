@@ -1,0 +1,165 @@
+"""`StageGroup`: the replicas of one stage, with load balancing, readiness, health and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any, Callable
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.connectors.base import Connector
+from omni_core.errors import ConfigError, StageError
+from omni_core.runtime import messages as m
+from omni_core.runtime.replica import InlineReplica, ProcessReplica
+
+logger = logging.getLogger(__name__)
+
+# (stage name, replica index, message or None when the replica died)
+Dispatch = Callable[[str, int, Any], None]
+
+
+class StageGroup:
+    """All replicas of one stage. Requests stick to the replica they were assigned first."""
+
+    def __init__(
+        self,
+        pipeline: ResolvedPipeline,
+        stage: ResolvedStage,
+        dispatch: Dispatch,
+        loop: asyncio.AbstractEventLoop,
+        inline_connectors: dict[str, Connector],
+        max_restarts: int = 3,
+    ) -> None:
+        self.pipeline = pipeline
+        self.stage = stage
+        self.name = stage.name
+        self._dispatch = dispatch
+        self._loop = loop
+        self._inline_connectors = inline_connectors
+        self.max_restarts = max_restarts
+        self.restarts = [0] * stage.replicas
+        self.dead = [False] * stage.replicas
+        self.replicas: list[Any] = [self._make_replica(i) for i in range(stage.replicas)]
+        self.ready: list[asyncio.Future[None]] = [loop.create_future() for _ in self.replicas]
+        self.load: list[int] = [0] * stage.replicas
+        self.assignment: dict[str, int] = {}
+        self._round_robin = itertools.cycle(range(stage.replicas))
+        self._pings: dict[int, asyncio.Future[m.Pong]] = {}
+        self._ping_tokens = itertools.count()
+
+    def _make_replica(self, index: int) -> Any:
+        on_message = lambda message, i=index: self._on_message(i, message)  # noqa: E731
+        if self.stage.placement == "inline":
+            return InlineReplica(self.pipeline, self.stage, index, self._inline_connectors, on_message, self._loop.call_soon_threadsafe)
+        if self.stage.placement == "process":
+            return ProcessReplica(self.pipeline, self.stage, index, on_message, self._loop.call_soon_threadsafe)
+        raise ConfigError(f"placement {self.stage.placement!r} is not available in this build", key=f"stages.{self.name}.placement")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for replica in self.replicas:
+            replica.start()
+
+    async def wait_ready(self) -> None:
+        await asyncio.gather(*self.ready)
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+        for future in self.ready:
+            if not future.done():
+                future.set_exception(StageError(self.name, "stopped before it was ready"))
+                future.exception()  # mark retrieved
+
+    def _on_message(self, index: int, message: Any) -> None:
+        if isinstance(message, m.Ready):
+            if not self.ready[index].done():
+                self.ready[index].set_result(None)
+            logger.info("stage %s replica %d ready (pid %d)", self.name, index, message.pid)
+        elif isinstance(message, m.Progress):
+            logger.info("stage %s replica %d: %s (%.0f%%)", self.name, index, message.description, 100 * message.fraction)
+        elif isinstance(message, m.Pong):
+            future = self._pings.pop(message.token, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        if message is None:
+            self._on_crash(index)
+        self._dispatch(self.name, index, message)
+
+    def _on_crash(self, index: int) -> None:
+        for future in self._pings.values():
+            if not future.done():
+                future.set_exception(StageError(self.name, "worker died"))
+        if not self.ready[index].done():
+            self.dead[index] = True
+            self.ready[index].set_exception(StageError(self.name, f"replica {index} died while loading; see its log above"))
+            return
+        if self.restarts[index] >= self.max_restarts:
+            logger.error("stage %s replica %d crashed %d times: not restarting", self.name, index, self.restarts[index])
+            self.dead[index] = True
+            return
+        self.restarts[index] += 1
+        logger.warning("stage %s replica %d crashed: restarting (%d/%d)", self.name, index, self.restarts[index], self.max_restarts)
+        self.ready[index] = self._loop.create_future()
+        self.load[index] = 0
+        self.replicas[index] = self._make_replica(index)
+        self.replicas[index].start()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def assign(self, request_id: str) -> int:
+        """The replica of `request_id`, chosen now by the load-balancing policy if new."""
+        index = self.assignment.get(request_id)
+        if index is None:
+            alive = [i for i in range(len(self.replicas)) if not self.dead[i]]
+            if not alive:
+                raise StageError(self.name, "every replica has failed and none is being restarted")
+            ready = [i for i in alive if self.ready[i].done() and not self.ready[i].exception()]
+            candidates = ready or alive
+            if self.stage.load_balancer == "round_robin":
+                index = next(i for i in self._round_robin if i in candidates)
+            else:
+                index = min(candidates, key=lambda i: self.load[i])
+            self.assignment[request_id] = index
+            self.load[index] += 1
+        return index
+
+    def send(self, request_id: str, message: Any) -> None:
+        self.replicas[self.assign(request_id)].send(message)
+
+    def release(self, request_id: str, abort: bool) -> None:
+        """The request is over for this stage; tell the replica to drop it if `abort`."""
+        index = self.assignment.pop(request_id, None)
+        if index is None:
+            return
+        self.load[index] -= 1
+        if abort:
+            self.replicas[index].send(m.Abort(request_id))
+
+    def requests_on(self, index: int) -> list[str]:
+        return [rid for rid, i in self.assignment.items() if i == index]
+
+    async def health(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Ping every replica; report liveness and its active request count."""
+        report = []
+        for index, replica in enumerate(self.replicas):
+            entry: dict[str, Any] = {"stage": self.name, "replica": index, "placement": replica.placement, "restarts": self.restarts[index]}
+            if not (self.ready[index].done() and not self.ready[index].exception() and replica.alive()):
+                entry |= {"healthy": False, "ready": self.ready[index].done()}
+                report.append(entry)
+                continue
+            token = next(self._ping_tokens)
+            future: asyncio.Future[m.Pong] = self._loop.create_future()
+            self._pings[token] = future
+            replica.send(m.Ping(token))
+            try:
+                pong = await asyncio.wait_for(future, timeout)
+                entry |= {"healthy": True, "ready": True, "active_requests": pong.active_requests, **pong.stats}
+            except (asyncio.TimeoutError, StageError):
+                entry |= {"healthy": False, "ready": True}
+            finally:
+                self._pings.pop(token, None)
+            report.append(entry)
+        return report

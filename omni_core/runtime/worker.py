@@ -1,0 +1,231 @@
+"""The stage worker loop: feeds a `StageRuntime`, steps it while it has work, routes its chunks.
+
+The same loop runs in a thread (``inline`` placement) and in a spawned process (``process``). It
+blocks on its inbox when the runtime is idle (no polling) and drains the inbox between steps, so new
+requests join the running batch at the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import traceback
+from typing import Any, Callable, Protocol
+
+import attrs
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.connectors.base import Connector
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import Chunk, StageInput
+from omni_core.refs import load_ref
+from omni_core.runtime import messages as m
+from omni_core.stages.base import PassThroughAdapter, StageRuntime
+
+logger = logging.getLogger(__name__)
+
+REQUEST_SOURCE = "request"
+
+
+class Inbox(Protocol):
+    def get(self, block: bool = True) -> Any: ...
+
+
+@attrs.define
+class _RequestState:
+    targets: tuple[str, ...]
+    emit_output: bool
+    started: bool = False
+    handles: list[tuple[Connector, Any]] = attrs.field(factory=list)
+    edge_states: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    out_index: int = 0
+
+
+class StageWorker:
+    """Runs one replica of one stage.
+
+    `connectors` maps a source/target key to the connector instance this worker uses: incoming edges
+    by ``"src->this"``, outgoing edges by ``"this->dst"``, ``"request"`` for request input and
+    ``"output"`` for user-facing output.
+    """
+
+    def __init__(
+        self,
+        pipeline: ResolvedPipeline,
+        stage: ResolvedStage,
+        replica: int,
+        connectors: dict[str, Connector],
+        send: Callable[[Any], None],
+    ) -> None:
+        self.pipeline = pipeline
+        self.stage = stage
+        self.replica = replica
+        self.connectors = connectors
+        self.send = send
+        self.adapters = {
+            edge.source: (load_ref(edge.adapter)(pipeline, edge) if edge.adapter else PassThroughAdapter())
+            for edge in stage.inputs
+        }
+        self.output_adapter = load_ref(stage.output_adapter) if stage.output_adapter else None
+        self.requests: dict[str, _RequestState] = {}
+        self.runtime: StageRuntime | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        runtime_cls = load_ref(self.stage.runtime_ref)
+        runtime = runtime_cls(self.pipeline, self.stage, self.replica)
+        runtime.load(lambda description, fraction: self.send(m.Progress(description, fraction)))
+        self.runtime = runtime
+        self.send(m.Ready(os.getpid()))
+
+    def run(self, inbox: Inbox) -> None:
+        """Serve until `Shutdown` (or the inbox closes)."""
+        self.load()
+        try:
+            while True:
+                assert self.runtime is not None
+                busy = self.runtime.has_unfinished()
+                for message in self._drain(inbox, block=not busy):
+                    if isinstance(message, m.Shutdown):
+                        return
+                    self._handle(message)
+                if self.runtime.has_unfinished():
+                    self._step()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for request_id in list(self.requests):
+            self._forget(request_id)
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    @staticmethod
+    def _drain(inbox: Inbox, block: bool) -> list[Any]:
+        messages = []
+        try:
+            messages.append(inbox.get(block=block))
+            while True:
+                messages.append(inbox.get(block=False))
+        except queue.Empty:
+            pass
+        except (EOFError, OSError):  # the engine went away: stop
+            messages.append(m.Shutdown())
+        return messages
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, m.Submit):
+            self._submit(message)
+        elif isinstance(message, m.Abort):
+            if message.request_id in self.requests:
+                assert self.runtime is not None
+                self.runtime.abort_request(message.request_id)
+                self._forget(message.request_id)
+        elif isinstance(message, m.Ping):
+            active = len(self.requests)
+            self.send(m.Pong(message.token, active, {"pid": os.getpid()}))
+
+    def _submit(self, message: m.Submit) -> None:
+        connector = self.connectors[REQUEST_SOURCE if message.source == REQUEST_SOURCE else f"{message.source}->{self.stage.name}"]
+        state = self.requests.get(message.request_id)
+        if state is None:
+            if message.params is None:
+                # Input for a request that already ended here (aborted or failed): drop it.
+                connector.release(message.handle)
+                return
+            state = _RequestState(message.targets, message.emit_output)
+            self.requests[message.request_id] = state
+        state.handles.append((connector, message.handle))
+        try:
+            stage_input = self._to_stage_input(state, message, connector)
+            if stage_input is None:
+                return
+            assert self.runtime is not None
+            if not state.started:
+                stage_input.params = dict(message.params or {}) | stage_input.params
+                state.started = True
+                self.runtime.add_request(message.request_id, stage_input)
+            else:
+                self.runtime.extend_request(message.request_id, stage_input)
+        except InvalidRequestError as exc:
+            self._fail_request(message.request_id, str(exc), invalid=True)
+        except Exception as exc:  # an adapter or runtime bug must not take the worker down
+            logger.exception("stage %s: input of request %s failed", self.stage.name, message.request_id)
+            self._fail_request(message.request_id, f"{type(exc).__name__}: {exc}")
+
+    def _to_stage_input(self, state: _RequestState, message: m.Submit, connector: Connector) -> StageInput | None:
+        data = connector.get(message.handle)
+        if message.source == REQUEST_SOURCE:
+            return StageInput(data=data.get("data", {}), final=message.final, params=data.get("params", {}))
+        chunk = Chunk(message.request_id, message.source, message.index, data, message.final)
+        edge_state = state.edge_states.setdefault(message.source, {})
+        return self.adapters[message.source].on_chunk(edge_state, chunk)
+
+    def _fail_request(self, request_id: str, message: str, invalid: bool = False) -> None:
+        if request_id in self.requests:
+            assert self.runtime is not None
+            self.runtime.abort_request(request_id)
+            self._forget(request_id)
+        self.send(m.RequestFailed(request_id, message, invalid))
+
+    def _forget(self, request_id: str) -> None:
+        state = self.requests.pop(request_id, None)
+        if state is not None:
+            for connector, handle in state.handles:
+                connector.release(handle)
+
+    # -- stepping --------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        assert self.runtime is not None
+        try:
+            chunks = self.runtime.step()
+        except Exception as exc:
+            self._stage_failed(exc)
+            return
+        for chunk in chunks:
+            self._route(chunk)
+
+    def _route(self, chunk: Chunk) -> None:
+        state = self.requests.get(chunk.request_id)
+        if state is None:
+            return  # aborted while the step ran
+        if chunk.error is not None:
+            self._fail_request(chunk.request_id, chunk.error, invalid=False)
+            return
+        try:
+            for target in state.targets:
+                connector = self.connectors[f"{self.stage.name}->{target}"]
+                handle = connector.put(chunk.data)
+                self.send(m.Emit(chunk.request_id, target, chunk.index, chunk.final, handle))
+            if state.emit_output:
+                data = self.output_adapter(chunk) if self.output_adapter else chunk.data
+                if data or chunk.final:
+                    handle = self.connectors["output"].put(data)
+                    self.send(m.Emit(chunk.request_id, None, state.out_index, chunk.final, handle))
+                    state.out_index += 1
+        except Exception as exc:
+            logger.exception("stage %s: routing a chunk of %s failed", self.stage.name, chunk.request_id)
+            self._fail_request(chunk.request_id, f"{type(exc).__name__}: {exc}")
+            return
+        if chunk.final:
+            self._forget(chunk.request_id)
+
+    def _stage_failed(self, exc: BaseException) -> None:
+        """The runtime's state is unknown after a failed step: fail its requests and reload it."""
+        logger.error("stage %s replica %d failed: %s", self.stage.name, self.replica, traceback.format_exc())
+        failed = tuple(self.requests)
+        for request_id in failed:
+            self._forget(request_id)
+        self.send(m.StageFailed(f"{type(exc).__name__}: {exc}", failed))
+        assert self.runtime is not None
+        try:
+            self.runtime.close()
+        finally:
+            self.runtime = None
+        self.load()

@@ -1,0 +1,98 @@
+"""The stage runtime contract: what an `ar`, `generation` or `diffusion` runtime implements.
+
+A stage runtime owns one stage replica's compute. A worker (a thread for ``inline`` placement, a
+spawned process for ``process``) drives it: it feeds requests in, and calls `step()` while
+`has_unfinished()`; each `step()` advances *every* active request by one batched step (an engine
+step for AR, a chunk decode for generation, a denoising step for diffusion) and returns the chunks
+it produced. Nothing here is per-request Python work inside a step.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, ClassVar, Protocol
+
+import attrs
+
+from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
+from omni_core.outputs import Chunk, StageInput
+
+ProgressCallback = Callable[[str, float], None]
+"""``progress(description, fraction)`` reported while loading (0.0 .. 1.0)."""
+
+
+@attrs.frozen
+class NoOptions:
+    """Options class of a runtime that has none."""
+
+
+class StageRuntime(abc.ABC):
+    """One replica of one stage: batched compute over many requests.
+
+    Subclasses set `Options` to an attrs class; `resolve()` validates the deploy options against it
+    and the runtime receives an instance as `self.options`. `streaming` tells whether to emit
+    chunks as they are ready (true) or one final chunk per request (false): both must give the same
+    result.
+    """
+
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
+        self.pipeline = pipeline
+        self.stage = stage
+        self.replica = replica
+        from omni_core.config import structure_config
+
+        self.options = structure_config(stage.options, self.Options)
+        self.streaming = pipeline.streaming
+
+    @abc.abstractmethod
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        """Load weights and start the stage's engine; heavy imports happen here, not at import."""
+
+    @abc.abstractmethod
+    def add_request(self, request_id: str, stage_input: StageInput) -> None:
+        """Start a request. Raise `InvalidRequestError` for input this stage cannot take."""
+
+    def extend_request(self, request_id: str, stage_input: StageInput) -> None:
+        """Add streamed input to a running request (more upstream chunks)."""
+        raise NotImplementedError(f"stage kind {self.stage.kind!r} does not take streamed input")
+
+    @abc.abstractmethod
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request and free its resources; unknown ids are ignored."""
+
+    @abc.abstractmethod
+    def has_unfinished(self) -> bool:
+        """Whether `step()` has work to do."""
+
+    @abc.abstractmethod
+    def step(self) -> list[Chunk]:
+        """Advance every active request by one batched step; return the chunks produced.
+
+        A chunk with `error` set fails only its request. An exception fails the stage (every
+        request in it gets an error, and the worker may be restarted).
+        """
+
+    def close(self) -> None:
+        """Release the engine and its memory."""
+
+
+class EdgeAdapter(Protocol):
+    """Turns upstream chunks into input of the downstream stage, per request.
+
+    `state` is a dict private to (request, edge), kept by the worker of the receiving stage; it is
+    dropped when the request ends. Return ``None`` to wait for more chunks.
+    """
+
+    def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None: ...
+
+
+class PassThroughAdapter:
+    """The default edge adapter: each chunk's data becomes stage input as it is."""
+
+    def __init__(self, pipeline: ResolvedPipeline | None = None, edge: ResolvedEdge | None = None) -> None:
+        pass
+
+    def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
+        return StageInput(data=chunk.data, final=chunk.final)

@@ -1,0 +1,137 @@
+"""Fakes for tests about the core's own logic (routing, ordering, failures) and benchmarks.
+
+Real model tests use real runtimes on tiny checkpoints; these stand in only where the subject is
+the engine itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+import attrs
+
+from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import Chunk, StageInput
+from omni_core.stages.base import ProgressCallback, StageRuntime
+
+
+@attrs.frozen
+class PassThroughOptions:
+    max_batch_size: int = 64
+    step_delay_s: float = 0.0
+
+
+class PassThroughRuntime(StageRuntime):
+    """Emits every input's data as a chunk, batched: one `step` serves every request with input.
+
+    Request params: ``repeat`` (emit each input that many times), ``fail`` (``"invalid"``: reject at
+    add; ``"request"``: an error chunk; ``"stage"``: `step` raises; ``"crash"``: the process exits),
+    ``hold`` (never finish: for cancellation tests). Adds ``"<stage>": chunk count`` and
+    ``"<stage>_replica": replica index`` to the data.
+    """
+
+    Options = PassThroughOptions
+
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        self.pending: dict[str, deque[StageInput]] = {}
+        self.params: dict[str, dict[str, Any]] = {}
+        self.emitted: dict[str, int] = {}
+        self.steps = 0
+        if progress:
+            progress("loaded", 1.0)
+
+    def add_request(self, request_id: str, stage_input: StageInput) -> None:
+        if stage_input.params.get("fail") == "invalid":
+            raise InvalidRequestError("this input is invalid on purpose", param="fail")
+        self.params[request_id] = stage_input.params
+        self.pending[request_id] = deque([stage_input])
+        self.emitted[request_id] = 0
+
+    def extend_request(self, request_id: str, stage_input: StageInput) -> None:
+        self.pending[request_id].append(stage_input)
+
+    def abort_request(self, request_id: str) -> None:
+        self.pending.pop(request_id, None)
+        self.params.pop(request_id, None)
+        self.emitted.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return any(self.pending.values())
+
+    def step(self) -> list[Chunk]:
+        self.steps += 1
+        if self.options.step_delay_s:
+            time.sleep(self.options.step_delay_s)
+        chunks = []
+        for request_id in [r for r, q in self.pending.items() if q][: self.options.max_batch_size]:
+            params = self.params[request_id]
+            fail = params.get("fail")
+            if fail == "stage":
+                raise RuntimeError("stage failure on purpose")
+            if fail == "crash":
+                os._exit(3)
+            if fail == "request":
+                chunks.append(Chunk(request_id, self.stage.name, self.emitted[request_id], error="request failure on purpose"))
+                self.abort_request(request_id)
+                continue
+            stage_input = self.pending[request_id].popleft()
+            if params.get("hold"):
+                self.pending[request_id].appendleft(stage_input)
+                continue
+            repeat = int(params.get("repeat", 1))
+            for i in range(repeat):
+                final = stage_input.final and i == repeat - 1
+                data = dict(stage_input.data) | {self.stage.name: self.emitted[request_id], f"{self.stage.name}_replica": self.replica}
+                chunks.append(Chunk(request_id, self.stage.name, self.emitted[request_id], data, final))
+                self.emitted[request_id] += 1
+            if stage_input.final:
+                self.abort_request(request_id)
+        return chunks
+
+
+def passthrough_pipeline(
+    stages: int = 2,
+    placement: str = "inline",
+    connector: str | None = None,
+    replicas: int = 1,
+    streaming: bool = True,
+    step_delay_s: float = 0.0,
+) -> ResolvedPipeline:
+    """A linear pipeline of pass-through stages ``s0 -> s1 -> ...``; the last outputs ``text``."""
+    connector = connector or ("inproc" if placement == "inline" else "shm")
+    refs = {
+        "inproc": "omni_core.connectors.inproc:InProcessConnector",
+        "shm": "omni_core.connectors.shm:SharedMemoryConnector",
+    }
+    resolved = []
+    for i in range(stages):
+        inputs = ()
+        if i:
+            inputs = (ResolvedEdge(f"s{i-1}", f"s{i}", None, connector, refs[connector], {}),)
+        resolved.append(
+            ResolvedStage(
+                name=f"s{i}",
+                kind="passthrough",
+                runtime_ref="omni_core.testing.fakes:PassThroughRuntime",
+                model="",
+                inputs=inputs,
+                output="text" if i == stages - 1 else None,
+                final=i == stages - 1,
+                placement=placement,
+                replicas=replicas,
+                options={"max_batch_size": 64, "step_delay_s": step_delay_s},
+            )
+        )
+    return ResolvedPipeline(
+        model="fake",
+        model_path="",
+        family="passthrough",
+        stages=tuple(resolved),
+        streaming=streaming,
+        output_connector=connector,
+        output_connector_ref=refs[connector],
+    )

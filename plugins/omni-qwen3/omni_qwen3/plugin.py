@@ -1,0 +1,22 @@
+"""Omni hook implementations of the Qwen3-Omni plugin (fast: no torch import, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from omni_core import hookimpl
+from omni_core.families import PipelineFamily
+
+FAMILY = PipelineFamily(
+    name="qwen3-omni",
+    pipeline="omni_qwen3.pipeline:build_pipeline",
+    architectures=("Qwen3OmniMoeForConditionalGeneration",),
+    model_types=("qwen3_omni_moe",),
+    make_tiny="omni_qwen3.tiny:make_tiny",
+    description="Qwen3-Omni (thinker -> talker -> code2wav): text, audio and image in; text and speech out",
+)
+
+
+@hookimpl
+def register_pipelines(register: Callable[[PipelineFamily], None]) -> None:
+    register(FAMILY)

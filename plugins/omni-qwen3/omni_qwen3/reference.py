@@ -1,0 +1,256 @@
+"""Reference outputs of Qwen3-Omni from transformers, to check Omni's stages against.
+
+`reference_generate` runs ``Qwen3OmniMoeForConditionalGeneration.generate`` greedily (thinker and
+talker) and returns the prompt ids, the thinker's new ids, the talker's codec codes and the waveform.
+``generate`` itself returns only the thinker sequences and the waveform; the codes are read from the
+talker's own outputs with a forward hook (a public torch API), exactly as ``generate`` collects them,
+and `decode_codes` turns them back into the waveform the same way ``generate`` does.
+
+Inputs are chat messages in the Qwen-Omni style: ``content`` is a string or a list of parts
+``{"type": "text", "text": ...}``, ``{"type": "audio", "audio": <1-D float array at 16 kHz>}``,
+``{"type": "image", "image": <PIL image>}``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from omni_core.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+AUDIO_SAMPLING_RATE = 16000
+# chunked_decode arguments generate() uses for code2wav.
+CODE2WAV_CHUNK_SIZE = 300
+CODE2WAV_LEFT_CONTEXT = 25
+
+Messages = list[dict[str, Any]]
+
+
+@attrs.frozen
+class ReferenceOutput:
+    """What one greedy transformers generation produced for one request.
+
+    - `prompt_ids`: the processed prompt (multimodal placeholders expanded).
+    - `thinker_ids`: the thinker's new tokens (ends with ``<|im_end|>`` unless cut by max tokens).
+    - `codes`: talker codec codes, ``[num_code_groups, num_frames]`` (None without audio).
+    - `waveform`: float32 samples at 24 kHz (None without audio).
+    """
+
+    prompt_ids: list[int]
+    thinker_ids: list[int]
+    codes: np.ndarray | None = None
+    waveform: np.ndarray | None = None
+    sample_rate: int = 24000
+
+
+def load_model(model_dir: str | Path) -> Any:
+    """Load the full model (thinker, talker, code2wav) in float32, eval mode, on CPU."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32)
+    return model.eval()
+
+
+def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str, Any]:
+    """Turn messages (or a ready prompt string) into the model's keyword inputs.
+
+    Does what ``Qwen3OmniMoeProcessor.__call__`` does for text, audio and images: chat template,
+    Whisper features (renamed ``feature_attention_mask``), image patches, and expansion of each
+    ``<|audio_pad|>``/``<|image_pad|>`` to one token per encoder output. The processor class itself
+    cannot be built where torchvision is missing (its video processor check needs it), so its
+    parts are loaded one by one; video input is not supported here.
+    """
+    from transformers import AutoImageProcessor, AutoTokenizer, WhisperFeatureExtractor
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if isinstance(messages, str):
+        text, audios, images = messages, [], []
+    else:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        audios, images = _collect_media(messages)
+
+    features: dict[str, Any] = {}
+    audio_lengths: list[int] = []
+    if audios:
+        extractor = WhisperFeatureExtractor.from_pretrained(str(model_dir))
+        audio_inputs = extractor(
+            audios,
+            sampling_rate=AUDIO_SAMPLING_RATE,
+            padding=True,
+            truncation=False,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        features["input_features"] = audio_inputs["input_features"]
+        features["feature_attention_mask"] = audio_inputs["attention_mask"]
+        audio_lengths = _get_feat_extract_output_lengths(audio_inputs["attention_mask"].sum(-1)).tolist()
+    image_lengths: list[int] = []
+    if images:
+        image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        image_inputs = image_processor(images=images, return_tensors="pt")
+        features["pixel_values"] = image_inputs["pixel_values"]
+        features["image_grid_thw"] = image_inputs["image_grid_thw"]
+        merge = image_processor.merge_size**2
+        image_lengths = [int(grid.prod()) // merge for grid in image_inputs["image_grid_thw"]]
+
+    text = _expand_placeholders(text, tokenizer.audio_token, audio_lengths, tokenizer.image_token, image_lengths)
+    encoded = tokenizer(text, return_tensors="pt", padding=False)
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], **features}
+
+
+def reference_generate(
+    model_dir: str | Path,
+    messages: Messages | str,
+    *,
+    return_audio: bool = True,
+    speaker: str = "Ethan",
+    max_new_tokens: int = 16,
+    talker_max_new_tokens: int = 64,
+    model: Any = None,
+) -> ReferenceOutput:
+    """Run transformers' ``generate`` greedily and return ids, codec codes and waveform.
+
+    Greedy everywhere: thinker and talker ``do_sample=False``, repetition penalties 1.0 (the
+    talker's default is 1.05). `model` reuses an already loaded `load_model` result.
+    """
+    import torch
+
+    if model is None:
+        model = load_model(model_dir)
+    inputs = prepare_inputs(model_dir, messages)
+    config = model.config
+    kwargs: dict[str, Any] = {
+        "return_audio": return_audio,
+        "thinker_max_new_tokens": max_new_tokens,
+        "thinker_do_sample": False,
+        "thinker_repetition_penalty": 1.0,
+        # generate()'s default is the real vocabulary's <|im_end|> id (151645).
+        "thinker_eos_token_id": config.im_end_token_id,
+    }
+    if return_audio:
+        if speaker.lower() not in (config.talker_config.speaker_id or {}):
+            raise InvalidRequestError(
+                f"unknown speaker {speaker!r}; this checkpoint has {sorted(config.talker_config.speaker_id)}",
+                param="speaker",
+            )
+        kwargs.update(
+            speaker=speaker,
+            talker_do_sample=False,
+            talker_repetition_penalty=1.0,
+            talker_max_new_tokens=talker_max_new_tokens,
+        )
+
+    captured: list[torch.Tensor] = []
+
+    def capture_codes(_module: Any, _args: Any, output: Any) -> None:
+        # The talker returns (hidden_states, residual_codes) in `hidden_states`; residual_codes
+        # are the previous step's frame (codebook 0 + predicted residuals), None at prefill.
+        codes = output.hidden_states[-1]
+        if codes is not None:
+            captured.append(codes.detach().clone())
+
+    handle = model.talker.register_forward_hook(capture_codes) if return_audio else None
+    try:
+        with torch.inference_mode():
+            result = model.generate(**inputs, **kwargs)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+    prompt_len = inputs["input_ids"].shape[1]
+    if return_audio:
+        sequences, waveform = result
+    else:
+        sequences, waveform = result, None
+    prompt_ids = inputs["input_ids"][0].tolist()
+    thinker_ids = sequences[0, prompt_len:].tolist()
+    if waveform is None:
+        return ReferenceOutput(prompt_ids=prompt_ids, thinker_ids=thinker_ids)
+    # Same stacking as generate(): [batch, frames, groups] -> [batch, groups, frames].
+    codes = torch.stack(captured, dim=1).transpose(1, 2)[0] if captured else None
+    return ReferenceOutput(
+        prompt_ids=prompt_ids,
+        thinker_ids=thinker_ids,
+        codes=None if codes is None else codes.cpu().numpy(),
+        waveform=waveform.reshape(-1).float().cpu().numpy(),
+    )
+
+
+def decode_codes(model: Any, codes: np.ndarray) -> np.ndarray:
+    """Decode ``[num_code_groups, num_frames]`` codes with code2wav the way ``generate`` does."""
+    import torch
+
+    tensor = torch.as_tensor(codes, dtype=torch.long).unsqueeze(0)
+    with torch.inference_mode():
+        wav = model.code2wav.chunked_decode(
+            tensor, chunk_size=CODE2WAV_CHUNK_SIZE, left_context_size=CODE2WAV_LEFT_CONTEXT
+        )
+    return wav.reshape(-1).float().cpu().numpy()
+
+
+def sine_wave(seconds: float = 1.0, frequency: float = 440.0) -> np.ndarray:
+    """A synthetic 16 kHz mono test signal (float32)."""
+    import numpy as np
+
+    t = np.arange(int(seconds * AUDIO_SAMPLING_RATE), dtype=np.float32) / AUDIO_SAMPLING_RATE
+    return (0.5 * np.sin(2 * np.pi * frequency * t)).astype(np.float32)
+
+
+def synthetic_image(width: int = 64, height: int = 64) -> Any:
+    """A synthetic RGB PIL image with structure (gradients), so patches differ."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) % 256], axis=-1)
+    return Image.fromarray(rgb.astype(np.uint8), mode="RGB")
+
+
+def _collect_media(messages: Messages) -> tuple[list[Any], list[Any]]:
+    """Audio arrays and images in message order (the order of their placeholders)."""
+    audios: list[Any] = []
+    images: list[Any] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str) or content is None:
+            continue
+        for part in content:
+            kind = part.get("type")
+            if kind == "audio" or "audio" in part:
+                audios.append(part["audio"])
+            elif kind == "image" or "image" in part:
+                images.append(part["image"])
+            elif kind == "video" or "video" in part:
+                raise InvalidRequestError(
+                    "video input needs transformers' torchvision video processor; use audio or image",
+                    param="messages",
+                )
+    return audios, images
+
+
+def _expand_placeholders(
+    text: str, audio_token: str, audio_lengths: list[int], image_token: str, image_lengths: list[int]
+) -> str:
+    """Repeat each placeholder once per encoder output, in order of appearance."""
+    audio_iter, image_iter = iter(audio_lengths), iter(image_lengths)
+
+    def expand(match: re.Match[str]) -> str:
+        lengths = audio_iter if match.group() == audio_token else image_iter
+        try:
+            return match.group() * int(next(lengths))
+        except StopIteration:
+            raise InvalidRequestError(
+                f"the prompt has more {match.group()} placeholders than inputs", param="messages"
+            ) from None
+
+    pattern = "|".join(re.escape(token) for token in (audio_token, image_token))
+    return re.sub(pattern, expand, text)

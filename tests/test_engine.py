@@ -1,0 +1,134 @@
+"""Engine and orchestrator logic on pass-through stages: routing, ordering, params, cancellation,
+failures, replicas and restarts, inline and in processes. (The real-model pipeline is tested in
+test_toy_pipeline.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import attrs
+import pytest
+
+from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.engine.request import OmniRequest
+from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
+from omni_core.testing.fakes import passthrough_pipeline
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def collect(engine: AsyncOmniEngine, request: OmniRequest) -> list:
+    return [delta async for delta in engine.generate(request)]
+
+
+@pytest.fixture(params=["inline", "process"])
+async def engine(request):
+    pipeline = passthrough_pipeline(stages=3, placement=request.param)
+    async with AsyncOmniEngine(pipeline) as eng:
+        yield eng
+
+
+async def test_routes_through_every_stage(engine):
+    deltas = await collect(engine, OmniRequest(prompt="hello"))
+    assert len(deltas) == 1
+    (delta,) = deltas
+    assert delta.final and delta.stage == "s2" and delta.modality == "text"
+    assert delta.data == {"prompt": "hello", "s0": 0, "s1": 0, "s2": 0, "s0_replica": 0, "s1_replica": 0, "s2_replica": 0}
+
+
+async def test_streams_chunks_in_order(engine):
+    request = OmniRequest(prompt="x", params={"s0": {"repeat": 5}})
+    deltas = await collect(engine, request)
+    assert [d.data["s0"] for d in deltas] == [0, 1, 2, 3, 4]
+    assert [d.index for d in deltas] == [0, 1, 2, 3, 4]
+    assert [d.final for d in deltas] == [False] * 4 + [True]
+
+
+async def test_many_concurrent_requests_keep_their_data(engine):
+    requests = [OmniRequest(prompt=f"p{i}", params={"s1": {"repeat": 1 + i % 3}}) for i in range(24)]
+    results = await asyncio.gather(*(collect(engine, r) for r in requests))
+    for i, deltas in enumerate(results):
+        assert {d.data["prompt"] for d in deltas} == {f"p{i}"}
+        assert len(deltas) == 1 + i % 3
+        assert deltas[-1].final
+
+
+async def test_request_failure_fails_only_that_request(engine):
+    bad = OmniRequest(prompt="bad", params={"s1": {"fail": "request"}})
+    good = [OmniRequest(prompt=f"ok{i}") for i in range(4)]
+    results = await asyncio.gather(collect(engine, bad), *(collect(engine, r) for r in good), return_exceptions=True)
+    assert isinstance(results[0], StageError) and "on purpose" in str(results[0])
+    assert all(isinstance(r, list) and r[-1].data["prompt"] == f"ok{i}" for i, r in enumerate(results[1:]))
+
+
+async def test_invalid_input_is_a_client_error(engine):
+    with pytest.raises(InvalidRequestError, match="invalid on purpose"):
+        await collect(engine, OmniRequest(prompt="x", params={"s2": {"fail": "invalid"}}))
+    assert (await collect(engine, OmniRequest(prompt="after")))[-1].data["prompt"] == "after"
+
+
+async def test_stage_failure_errors_then_recovers(engine):
+    with pytest.raises(StageError, match="s1.*on purpose"):
+        await asyncio.wait_for(collect(engine, OmniRequest(prompt="x", params={"s1": {"fail": "stage"}})), 60)
+    assert (await collect(engine, OmniRequest(prompt="after")))[-1].data["prompt"] == "after"
+
+
+async def test_cancellation_reaches_every_stage(engine):
+    request = OmniRequest(prompt="x", params={"s1": {"hold": True}})
+    task = asyncio.create_task(collect(engine, request))
+    for _ in range(200):  # wait until s1 holds it
+        health = {h["stage"]: h for h in await engine.health()}
+        if health["s1"]["active_requests"] == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert health["s1"]["active_requests"] == 1
+    engine.abort(request.request_id)
+    with pytest.raises(RequestCancelledError):
+        await task
+    health = await engine.health()
+    assert all(h["healthy"] and h["active_requests"] == 0 for h in health), health
+    assert engine.num_active_requests == 0
+
+
+async def test_params_merge_with_stage_defaults():
+    pipeline = passthrough_pipeline(stages=2)
+    stages = list(pipeline.stages)
+    stages[0] = attrs.evolve(stages[0], params={"repeat": 2, "stop_token_ids": [7]})
+    pipeline = attrs.evolve(pipeline, stages=tuple(stages))
+    async with AsyncOmniEngine(pipeline) as engine:
+        assert len(await collect(engine, OmniRequest(prompt="a"))) == 2  # default kept
+        assert len(await collect(engine, OmniRequest(prompt="a", params={"s0": {"repeat": 3}}))) == 3
+        assert len(await collect(engine, OmniRequest(prompt="a", params={"s0": {"other": 1}}))) == 2
+
+
+async def test_rejects_unknown_modality_and_stage():
+    async with AsyncOmniEngine(passthrough_pipeline(stages=2)) as engine:
+        with pytest.raises(InvalidRequestError, match="produces text"):
+            await collect(engine, OmniRequest(prompt="a", modalities=("audio",)))
+        with pytest.raises(InvalidRequestError, match="unknown stage 'nope'"):
+            await collect(engine, OmniRequest(prompt="a", params={"nope": {}}))
+
+
+async def test_crashed_process_fails_its_requests_and_restarts():
+    async with AsyncOmniEngine(passthrough_pipeline(stages=2, placement="process")) as engine:
+        with pytest.raises(StageError, match="crashed"):
+            await asyncio.wait_for(collect(engine, OmniRequest(prompt="x", params={"s1": {"fail": "crash"}})), 60)
+        deltas = await asyncio.wait_for(collect(engine, OmniRequest(prompt="after")), 60)
+        assert deltas[-1].data["prompt"] == "after"
+        health = {h["stage"]: h for h in await engine.health()}
+        assert health["s1"]["restarts"] == 1 and health["s1"]["healthy"]
+
+
+async def test_replicas_share_the_load():
+    pipeline = passthrough_pipeline(stages=2, placement="process", replicas=2, step_delay_s=0.02)
+    async with AsyncOmniEngine(pipeline) as engine:
+        health = await engine.health()
+        assert len({h["pid"] for h in health}) == 4
+        requests = [OmniRequest(prompt=f"p{i}", params={"s0": {"repeat": 3}}) for i in range(8)]
+        results = await asyncio.gather(*(collect(engine, r) for r in requests))
+        assert all(len(r) == 3 for r in results)
+        for stage in ("s0", "s1"):
+            used = [{d.data[f"{stage}_replica"] for d in r} for r in results]
+            assert all(len(u) == 1 for u in used)  # a request sticks to its replica
+            assert set().union(*used) == {0, 1}
+        assert engine.groups["s0"].load == [0, 0]
