@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="STAGE.OP
 
 
 def _setup_logging(verbose: bool) -> None:
+    if not verbose:
+        # vLLM logs its whole configuration at INFO in every stage process; keep its warnings only.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # The engine's own progress (stage ready, pipeline ready) is worth seeing by default.
     logging.getLogger("omni_core").setLevel(logging.INFO)

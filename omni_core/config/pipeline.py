@@ -52,8 +52,9 @@ class StageSpec:
 class PipelineConfig:
     """A model family's pipeline for one checkpoint.
 
-    `input_processor` is a lazy reference to ``(request, pipeline) -> dict[str, StageInput]`` giving
-    the input of each entry stage (``None``: the core's text-prompt processor). `default_deploy` is a
+    `input_processor` is a lazy reference to a factory ``(pipeline) -> processor``; the processor is
+    called as ``processor(request) -> dict[str, StageInput]`` (in a worker thread) giving the input of
+    each entry stage (``None``: the core's text-prompt processor). `default_deploy` is a
     package resource ``"package:path/to/deploy.yaml"``. `default_modalities` are produced when a
     request names none.
     """

@@ -105,11 +105,11 @@ class AsyncOmniEngine:
 
     # -- requests --------------------------------------------------------------------------------
 
-    async def generate(self, request: OmniRequest) -> AsyncIterator[OutputDelta]:
-        """Run `request`; yield its output deltas as stages produce them, in order per stage.
+    async def submit(self, request: OmniRequest) -> AsyncIterator[OutputDelta]:
+        """Validate and start `request`; return the iterator of its output deltas.
 
-        Raises `InvalidRequestError` for bad input, `StageError` if a stage fails it, and
-        `RequestCancelledError` if it is aborted. Closing the iterator early aborts the request.
+        Bad input raises `InvalidRequestError` here, before anything runs (so a server can answer
+        4xx before it starts a stream). Closing the iterator early aborts the request.
         """
         if not self._started or self.orchestrator is None:
             raise OmniError("the engine is not started: call `await engine.start()` first")
@@ -117,8 +117,20 @@ class AsyncOmniEngine:
         state = self.orchestrator.plan(request)
         stage_inputs = await asyncio.to_thread(self._input_processor, request)
         self.orchestrator.submit(state, stage_inputs)
-        async for delta in self.orchestrator.stream(request.request_id):
-            yield delta
+        return self.orchestrator.stream(request.request_id)
+
+    async def generate(self, request: OmniRequest) -> AsyncIterator[OutputDelta]:
+        """Run `request`; yield its output deltas as stages produce them, in order per stage.
+
+        Raises `InvalidRequestError` for bad input, `StageError` if a stage fails it, and
+        `RequestCancelledError` if it is aborted. Closing the iterator early aborts the request.
+        """
+        stream = await self.submit(request)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()
 
     def abort(self, request_id: str) -> None:
         """Cancel a request in every stage (no-op if it is unknown or finished)."""

@@ -1,0 +1,145 @@
+"""The Litestar app factory `create_app(engine)` and `run_server` behind ``omni serve``."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+import attrs
+from litestar import Litestar, Request
+from litestar.exceptions import NotAuthorizedException
+from litestar.openapi import OpenAPIConfig
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from omni_core import __version__
+from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.server.errors import handle_exception
+from omni_core.server.metrics import ServerMetrics
+from omni_core.server.routes import ROUTES
+from omni_core.server.videos import VideoJobs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+@attrs.define
+class ServerState:
+    """What the routes share: the engine, the served name, metrics and video jobs."""
+
+    engine: AsyncOmniEngine
+    model_name: str
+    metrics: ServerMetrics
+    api_key: str | None
+    videos: VideoJobs = attrs.field(factory=VideoJobs)
+    created: int = attrs.field(factory=lambda: int(time.time()))
+
+
+def _route_label(scope: Scope) -> str:
+    """The matched route's path template (bounded label values), not the raw path."""
+    return str(scope.get("path_template") or "unmatched")
+
+
+def _metrics_middleware(app: ASGIApp) -> ASGIApp:
+    """Count finished HTTP requests by route and status."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def send_wrapper(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_wrapper)
+        finally:
+            server: ServerState | None = getattr(scope["app"].state, "server", None)
+            if server is not None:
+                server.metrics.requests.labels(route=_route_label(scope), status=str(status["code"])).inc()
+
+    return middleware
+
+
+async def _check_api_key(request: Request) -> None:
+    server: ServerState = request.app.state.server
+    if server.api_key is None or not request.url.path.startswith("/v1"):
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), server.api_key.encode()):
+        raise NotAuthorizedException("missing or invalid API key: send 'Authorization: Bearer <key>'")
+
+
+def create_app(
+    engine: AsyncOmniEngine,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    extra_routes: Sequence[Any] = (),
+    url: str | None = None,
+) -> Litestar:
+    """Build the OpenAI-compatible app; the engine starts in its lifespan and stops on shutdown."""
+    name = model_name or engine.pipeline.model
+    server = ServerState(engine=engine, model_name=name, metrics=ServerMetrics(name, lambda: engine.num_active_requests), api_key=api_key)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        await engine.start()
+        logger.info("ready: serving %s%s", name, f" at {url}/v1" if url else "")
+        try:
+            yield
+        finally:
+            server.videos.shutdown()
+            await engine.shutdown()
+
+    app = Litestar(
+        route_handlers=[*ROUTES, *extra_routes],
+        lifespan=[lifespan],
+        before_request=_check_api_key,
+        exception_handlers={Exception: handle_exception},
+        middleware=[_metrics_middleware],
+        request_max_body_size=max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Omni", version=__version__, description=f"OpenAI-compatible API serving {name}"),
+        logging_config=None,
+    )
+    app.state.server = server
+    return app
+
+
+def plugin_routes(plugins: Any) -> list[Any]:
+    """Route handlers registered by plugins (``register_routes`` hook)."""
+    from omni_core.refs import load_ref
+
+    return [load_ref(ref) for ref in getattr(plugins, "routes", ())]
+
+
+def run_server(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8091,
+    api_key: str | None = None,
+    deploy: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    plugins: Any = None,
+) -> None:
+    """Resolve `model`, build the app and serve it with uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from omni_core.config import resolve
+    from omni_core.plugins import default_plugins
+
+    host_plugins = plugins if plugins is not None else default_plugins()
+    engine = AsyncOmniEngine(resolve(model, deploy=deploy, overrides=overrides, plugins=host_plugins))
+    url = f"http://{host}:{port}"
+    app = create_app(engine, model_name=model, api_key=api_key, extra_routes=plugin_routes(host_plugins), url=url)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)

@@ -1,0 +1,66 @@
+"""Running one request for a route: timing for metrics, cancellation when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator
+
+import attrs
+
+from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.engine.request import OmniRequest
+from omni_core.engine.result import OmniResult
+from omni_core.errors import RequestCancelledError
+from omni_core.outputs import OutputDelta
+from omni_core.server.metrics import ServerMetrics
+
+
+@attrs.define
+class Tracked:
+    """A request's stream with the timings the metrics need."""
+
+    request: OmniRequest
+    stream: AsyncIterator[OutputDelta]
+    metrics: ServerMetrics
+    result: OmniResult
+    start: float = attrs.field(factory=time.monotonic)
+    ttft: float | None = None
+    ttfp: float | None = None
+    done: bool = False
+
+    @classmethod
+    async def start_request(cls, engine: AsyncOmniEngine, request: OmniRequest, metrics: ServerMetrics) -> "Tracked":
+        start = time.monotonic()
+        stream = await engine.submit(request)
+        return cls(request, stream, metrics, OmniResult(request.request_id), start)
+
+    async def deltas(self) -> AsyncIterator[OutputDelta]:
+        """Yield deltas, accumulating the result; closing early cancels the request everywhere."""
+        failed = False
+        try:
+            async for delta in self.stream:
+                now = time.monotonic() - self.start
+                if delta.modality == "text" and self.ttft is None and delta.data.get("token_ids"):
+                    self.ttft = now
+                if delta.modality == "audio" and self.ttfp is None and delta.data.get("audio") is not None:
+                    self.ttfp = now
+                self.result.add(delta)
+                yield delta
+            self.done = True
+            self.metrics.observe(self.ttft, self.ttfp, time.monotonic() - self.start, len(self.result.token_ids), self.result.audio_duration)
+        except (GeneratorExit, asyncio.CancelledError, RequestCancelledError):
+            raise
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if not self.done:
+                await self.stream.aclose()  # aborts the request in every stage
+                if not failed:
+                    self.metrics.cancelled.inc()
+
+    async def run(self) -> OmniResult:
+        async for _ in self.deltas():
+            pass
+        return self.result

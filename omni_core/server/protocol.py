@@ -1,0 +1,207 @@
+"""Request and response bodies of the OpenAI-compatible API (msgspec Structs: typed, fast, documented)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+# -- chat content parts ---------------------------------------------------------------------------
+
+
+class ImageURL(msgspec.Struct):
+    url: str
+    detail: str | None = None
+
+
+class AudioData(msgspec.Struct):
+    data: str
+    format: str = "wav"
+
+
+class MediaURL(msgspec.Struct):
+    url: str
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImagePart(msgspec.Struct, tag_field="type", tag="image_url"):
+    image_url: ImageURL
+
+
+class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
+    input_audio: AudioData
+
+
+class AudioURLPart(msgspec.Struct, tag_field="type", tag="audio_url"):
+    audio_url: MediaURL
+
+
+class VideoURLPart(msgspec.Struct, tag_field="type", tag="video_url"):
+    video_url: MediaURL
+
+
+ContentPart = Union[TextPart, ImagePart, InputAudioPart, AudioURLPart, VideoURLPart]
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+
+class AudioParams(msgspec.Struct):
+    voice: str | None = None
+    format: Literal["wav", "pcm16", "flac"] = "wav"
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/chat/completions``. `stage_params` (extension) carries parameters per named stage."""
+
+    model: str
+    messages: list[ChatMessage]
+    modalities: list[Literal["text", "audio", "image", "video"]] | None = None
+    audio: AudioParams | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    user: str | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+
+
+class SpeechRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/audio/speech``: text to audio; `stream_format` ``sse`` streams base64 chunks."""
+
+    model: str
+    input: str
+    voice: str | None = None
+    response_format: Literal["wav", "pcm", "flac"] = "wav"
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+
+
+class ImageGenerationRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/images/generations``."""
+
+    model: str
+    prompt: str
+    n: int = 1
+    size: str | None = None
+    response_format: Literal["b64_json"] = "b64_json"
+    seed: int | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+
+
+class VideoRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/videos``."""
+
+    model: str
+    prompt: str
+    seconds: str | None = None
+    size: str | None = None
+    seed: int | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorDetail
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AudioOutput(msgspec.Struct):
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class AssistantMessage(msgspec.Struct, omit_defaults=True):
+    role: str = "assistant"
+    content: str | None = None
+    audio: AudioOutput | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    object: str = "chat.completion"
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str = "omni"
+    object: str = "model"
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class ImageData(msgspec.Struct):
+    b64_json: str
+
+
+class ImagesResponse(msgspec.Struct):
+    created: int
+    data: list[ImageData]
+
+
+class VideoJob(msgspec.Struct):
+    id: str
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "failed"]
+    model: str
+    prompt: str
+    error: ErrorDetail | None = None
+    object: str = "video"
+
+
+class SSEEvent(msgspec.Struct):
+    """Documents an SSE stream in the OpenAPI schema (each event's `data` is a JSON string)."""
+
+    data: str
+    event: str | None = None
+    id: str | None = None

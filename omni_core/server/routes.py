@@ -1,0 +1,195 @@
+"""The OpenAI-compatible routes, one controller per resource."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+import msgspec
+from litestar import Controller, Response, get, post
+from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
+from litestar.params import Body
+from litestar.response import ServerSentEvent
+from typing_extensions import Annotated
+
+from omni_core.server.encoding import b64, encode_audio, encode_png, pcm16
+from omni_core.server.errors import APIError, to_api_error
+from omni_core.server.generation import Tracked
+from omni_core.server.protocol import (
+    AssistantMessage,
+    AudioOutput,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    ErrorDetail,
+    ImageData,
+    ImageGenerationRequest,
+    ImagesResponse,
+    ModelCard,
+    ModelList,
+    SpeechRequest,
+    SSEEvent,
+    Usage,
+    VideoJob,
+    VideoRequest,
+)
+from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
+
+SSE_RESPONSE = {200: ResponseSpec(data_container=SSEEvent, media_type="text/event-stream", description="Server-sent events when stream is true")}
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def _usage(tracked: Tracked) -> Usage:
+    prompt = len(tracked.result.prompt_token_ids or [])
+    completion = len(tracked.result.token_ids)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _error_event(exc: BaseException) -> str:
+    api = to_api_error(exc)
+    return _json({"error": ErrorDetail(message=str(api), type=api.type, param=api.param, code=api.code)})
+
+
+class ChatController(Controller):
+    path = "/v1/chat/completions"
+    tags = ["chat"]
+
+    @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
+    async def create(self, data: Annotated[ChatCompletionRequest, Body()], state: State) -> Response[Any]:
+        server = state.server
+        check_model(server.engine.pipeline.model, server.model_name, data.model)
+        request = chat_request(data, server.engine.pipeline)
+        audio_format = data.audio.format if data.audio else "wav"
+        tracked = await Tracked.start_request(server.engine, request, server.metrics)
+        if data.stream:
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            return ServerSentEvent(_chat_events(tracked, server.model_name, include_usage))
+        result = await tracked.run()
+        audio = None
+        if result.audio is not None:
+            encoded, _ = encode_audio(result.audio, result.sample_rate or 24000, audio_format)
+            audio = AudioOutput(id=f"audio_{uuid.uuid4().hex[:16]}", data=b64(encoded), expires_at=int(time.time()) + 3600, transcript=result.text)
+        message = AssistantMessage(content=result.text, audio=audio)
+        body = ChatCompletion(
+            id=request.request_id,
+            created=int(time.time()),
+            model=server.model_name,
+            choices=[Choice(index=0, message=message, finish_reason=result.finish_reason or "stop")],
+            usage=_usage(tracked),
+        )
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def _chat_events(tracked: Tracked, model: str, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+    base = {"id": tracked.request.request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    audio_id = f"audio_{uuid.uuid4().hex[:16]}"
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        return json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for delta in tracked.deltas():
+            if delta.modality == "text" and delta.data.get("text"):
+                yield chunk({"content": delta.data["text"]})
+            elif delta.modality == "audio" and delta.data.get("audio") is not None and len(delta.data["audio"]):
+                yield chunk({"audio": {"id": audio_id, "data": b64(pcm16(delta.data["audio"])), "sample_rate": delta.data.get("sample_rate")}})
+    except Exception as exc:  # the stream has started: report in-band, then end it
+        yield _error_event(exc)
+        yield "[DONE]"
+        return
+    yield chunk({}, tracked.result.finish_reason or "stop")
+    if include_usage:
+        yield json.dumps({**base, "choices": [], "usage": msgspec.to_builtins(_usage(tracked))})
+    yield "[DONE]"
+
+
+class AudioController(Controller):
+    path = "/v1/audio"
+    tags = ["audio"]
+
+    @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse")}, summary="Text to speech")
+    async def speech(self, data: Annotated[SpeechRequest, Body()], state: State) -> Response[Any]:
+        server = state.server
+        check_model(server.engine.pipeline.model, server.model_name, data.model)
+        tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline), server.metrics)
+        if data.stream_format == "sse":
+            return ServerSentEvent(_speech_events(tracked))
+        result = await tracked.run()
+        if result.audio is None:
+            raise APIError(500, "the pipeline produced no audio", type="server_error")
+        encoded, media_type = encode_audio(result.audio, result.sample_rate or 24000, data.response_format)
+        return Response(encoded, media_type=media_type)
+
+
+async def _speech_events(tracked: Tracked) -> AsyncIterator[str]:
+    try:
+        async for delta in tracked.deltas():
+            if delta.modality == "audio" and delta.data.get("audio") is not None and len(delta.data["audio"]):
+                yield json.dumps({"type": "speech.audio.delta", "audio": b64(pcm16(delta.data["audio"])), "sample_rate": delta.data.get("sample_rate")})
+    except Exception as exc:
+        yield _error_event(exc)
+        return
+    yield json.dumps({"type": "speech.audio.done", "duration_s": tracked.result.audio_duration})
+
+
+class ImagesController(Controller):
+    path = "/v1/images"
+    tags = ["images"]
+
+    @post("/generations", status_code=200, summary="Generate images from a prompt")
+    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], state: State) -> ImagesResponse:
+        server = state.server
+        check_model(server.engine.pipeline.model, server.model_name, data.model)
+        tracked = await Tracked.start_request(server.engine, image_request(data, server.engine.pipeline), server.metrics)
+        result = await tracked.run()
+        return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(encode_png(image))) for image in result.images])
+
+
+class VideosController(Controller):
+    path = "/v1/videos"
+    tags = ["videos"]
+
+    @post(status_code=200, summary="Start a video generation job")
+    async def create(self, data: Annotated[VideoRequest, Body()], state: State) -> VideoJob:
+        server = state.server
+        check_model(server.engine.pipeline.model, server.model_name, data.model)
+        request = video_request(data, server.engine.pipeline)
+        tracked = await Tracked.start_request(server.engine, request, server.metrics)
+        return server.videos.start(tracked, server.model_name, data.prompt)
+
+    @get("/{video_id:str}", summary="A video job's status")
+    async def retrieve(self, video_id: str, state: State) -> VideoJob:
+        return state.server.videos.job(video_id)
+
+    @get("/{video_id:str}/content", summary="The finished video (MP4)", media_type="video/mp4")
+    async def content(self, video_id: str, state: State) -> Response[bytes]:
+        return Response(state.server.videos.content(video_id), media_type="video/mp4")
+
+
+@get("/v1/models", tags=["models"], summary="The served model")
+async def list_models(state: State) -> ModelList:
+    server = state.server
+    return ModelList(data=[ModelCard(id=server.model_name, created=server.created)])
+
+
+@get("/health", tags=["health"], summary="Liveness and readiness of every stage replica")
+async def health(state: State) -> Response[Any]:
+    replicas = await state.server.engine.health()
+    healthy = bool(replicas) and all(r.get("healthy") for r in replicas)
+    return Response({"status": "ok" if healthy else "unhealthy", "replicas": replicas}, status_code=200 if healthy else 503)
+
+
+@get("/metrics", tags=["metrics"], summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> Response[bytes]:
+    return Response(state.server.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+ROUTES = [ChatController, AudioController, ImagesController, VideosController, list_models, health, metrics]

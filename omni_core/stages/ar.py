@@ -1,0 +1,329 @@
+"""The `ar` stage runtime: an autoregressive model on vLLM's step-driven engine.
+
+Each `step()` is one `LLMEngine.step()`: one batched schedule + forward + sample over every active
+request. The model part (`ARModel`) says how to load the model and shape prompts, parameters and
+chunks; vLLM internals stay in `vllm_bridge`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.errors import ConfigError, InvalidRequestError
+from omni_core.outputs import Chunk, Payload, StageInput
+from omni_core.refs import load_ref
+from omni_core.stages.ar_model import ARDelta, ARModel
+from omni_core.stages.base import ProgressCallback, StageRuntime
+
+if TYPE_CHECKING:
+    import torch
+    from vllm import LLMEngine
+
+    from omni_core.stages import vllm_bridge
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+
+_positive = [attrs.validators.instance_of(int), attrs.validators.gt(0)]
+
+
+@attrs.frozen
+class AROptions:
+    """Deploy options of an `ar` stage (vLLM engine settings).
+
+    `kv_cache_memory_bytes` None means 256 MiB on CPU (vLLM would otherwise reserve most of the
+    machine's memory) and `gpu_memory_utilization` on GPU. `engine_args` passes any other vLLM
+    `EngineArgs` through and wins over everything else.
+    """
+
+    max_num_seqs: int = attrs.field(default=32, validator=_positive)
+    max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
+    enforce_eager: bool = True
+    seed: int = 0
+    quantization: str | None = None
+    enable_prompt_embeds: bool = False
+    engine_args: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define
+class _Request:
+    """Per-request bookkeeping of the runtime (vLLM keeps the rest)."""
+
+    params: dict[str, Any]
+    data: Payload
+    started: bool = False
+    internal_id: str | None = None
+    chunks: int = 0
+    hidden_parts: list[torch.Tensor] = attrs.field(factory=list)
+    hidden_next: int = 0  # position of the next hidden-state row not yet received
+
+
+def load_model_part(ref: str) -> ARModel:
+    """Load a stage's `model` reference: an `ARModel` instance, or a factory/class returning one."""
+    obj = load_ref(ref)
+    if not isinstance(obj, ARModel) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, ARModel):
+        raise ConfigError(
+            f"{ref!r} is a {type(obj).__name__}, not an omni_core.stages.ar_model.ARModel: point the "
+            "stage's model at an ARModel instance or a factory returning one",
+            key="model",
+        )
+    return obj
+
+
+class ARStageRuntime(StageRuntime):
+    """One replica of an autoregressive stage on an in-process vLLM `LLMEngine`.
+
+    Streaming emits a chunk per step with the new tokens (and hidden-state rows, when the model part
+    captures them); otherwise one final chunk per request with everything. Both give the same tokens.
+    Input that is not final (a streamed upstream) is buffered until the final piece and then started.
+    """
+
+    Options = AROptions
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
+        super().__init__(pipeline, stage, replica)
+        self.options: AROptions
+        self.model_part: ARModel | None = None
+        self.engine: LLMEngine | None = None
+        self._requests: dict[str, _Request] = {}
+        self._by_internal: dict[str, str] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        from omni_core.stages import vllm_bridge
+
+        if progress:
+            progress(f"loading the model part of stage {self.stage.name!r}", 0.0)
+        vllm_bridge.check_vllm_version()
+        self.model_part = load_model_part(self.stage.model)
+        self.model_part.register()
+        args = self.engine_args()
+        if progress:
+            progress(f"starting vLLM for stage {self.stage.name!r}", 0.2)
+        self.engine = vllm_bridge.create_engine(args)
+        if self.model_part.capture_hidden_states:
+            vllm_bridge.attach_capture(self.engine)
+        if progress:
+            progress(f"stage {self.stage.name!r} ready", 1.0)
+
+    def engine_args(self) -> dict[str, Any]:
+        """The `EngineArgs` keywords: options, then the model part's needs, then passthrough."""
+        assert self.model_part is not None
+        opts = self.options
+        args: dict[str, Any] = {
+            "dtype": opts.dtype,
+            "max_num_seqs": opts.max_num_seqs,
+            "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "enforce_eager": opts.enforce_eager,
+            "seed": opts.seed,
+            "disable_log_stats": True,
+        }
+        for key in ("max_model_len", "max_num_batched_tokens", "quantization"):
+            if getattr(opts, key) is not None:
+                args[key] = getattr(opts, key)
+        kv_bytes = opts.kv_cache_memory_bytes
+        if kv_bytes is None and _on_cpu():
+            kv_bytes = CPU_DEFAULT_KV_CACHE_BYTES
+        if kv_bytes is not None:
+            args["kv_cache_memory_bytes"] = kv_bytes
+        model_args = self.model_part.engine_args(self.pipeline, self.stage)
+        args.update(model_args)
+        # Either side may need prompt embeddings (the model part for a Talker-like stage).
+        args["enable_prompt_embeds"] = opts.enable_prompt_embeds or bool(model_args.get("enable_prompt_embeds"))
+        args.update(opts.engine_args)
+        return args
+
+    def close(self) -> None:
+        if self.engine is not None:
+            from omni_core.stages import vllm_bridge
+
+            for request_id in list(self._requests):
+                self.abort_request(request_id)
+            vllm_bridge.shutdown_engine(self.engine)
+            self.engine = None
+        self._requests.clear()
+        self._by_internal.clear()
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, stage_input: StageInput) -> None:
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request {request_id!r} is already running in stage {self.stage.name!r}")
+        if not stage_input.final:
+            # Validate parameters now so a bad request fails at once, not when its input ends.
+            self._model().sampling_params(stage_input.params, delta=self.streaming)
+        request = _Request(params=dict(stage_input.params), data=dict(stage_input.data))
+        self._requests[request_id] = request
+        if stage_input.final:
+            self._start(request_id, request)
+
+    def extend_request(self, request_id: str, stage_input: StageInput) -> None:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise InvalidRequestError(f"request {request_id!r} is not waiting for input in stage {self.stage.name!r}")
+        if request.started:
+            raise InvalidRequestError(
+                f"request {request_id!r} already started in 'ar' stage {self.stage.name!r}: vLLM takes "
+                "the whole prompt at once, so upstream input must end (final=True) before it starts"
+            )
+        request.data = self._model().merge_input(request.data, stage_input.data)
+        if stage_input.final:
+            self._start(request_id, request)
+
+    def _start(self, request_id: str, request: _Request) -> None:
+        from vllm.exceptions import VLLMError
+
+        model = self._model()
+        try:
+            prompt = model.make_prompt(StageInput(data=request.data, params=request.params))
+            sampling = model.sampling_params(request.params, delta=self.streaming)
+            internal_id = self._engine().add_request(request_id, prompt, sampling)
+        except InvalidRequestError:
+            del self._requests[request_id]
+            raise
+        except (ValueError, TypeError, VLLMError) as exc:
+            # vLLM validates prompts here (length, embeds shape, ...); only this request fails.
+            del self._requests[request_id]
+            param = getattr(exc, "parameter", None)
+            raise InvalidRequestError(
+                f"stage {self.stage.name!r} rejected the request: {exc}",
+                param=param if isinstance(param, str) else None,
+            ) from exc
+        request.started = True
+        request.internal_id = internal_id
+        self._by_internal[internal_id] = request_id
+
+    def abort_request(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        if request.internal_id is not None:
+            self._by_internal.pop(request.internal_id, None)
+            if self.engine is not None:
+                self.engine.abort_request([request.internal_id], internal=True)
+
+    def has_unfinished(self) -> bool:
+        return self.engine is not None and self.engine.has_unfinished_requests()
+
+    # --- stepping ---------------------------------------------------------------------------
+
+    def step(self) -> list[Chunk]:
+        from omni_core.stages import vllm_bridge
+
+        engine = self._engine()
+        model = self._model()
+        outputs = engine.step()
+        if model.capture_hidden_states:
+            self._collect_hidden(vllm_bridge.drain_captured(engine))
+        chunks: list[Chunk] = []
+        for output in outputs:
+            # vLLM reports the caller's (external) id; the internal one only names KV/batch rows.
+            request_id = output.request_id
+            request = self._requests.get(request_id)
+            if request is None or not request.started:
+                continue  # aborted meanwhile
+            error = getattr(output, "error", None)
+            if error is not None:
+                # A request-level failure in vLLM: fail this request only.
+                chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(error)))
+                self._forget(request_id)
+                continue
+            completion = output.outputs[0]
+            delta = ARDelta(
+                request_id=request_id,
+                token_ids=list(completion.token_ids),
+                text=completion.text or "",
+                prompt_token_ids=self._prompt_ids(request, output) if request.chunks == 0 else None,
+                finish_reason=completion.finish_reason if output.finished else None,
+                stop_reason=completion.stop_reason if output.finished else None,
+                hidden_states=self._take_hidden(request) if model.capture_hidden_states else None,
+                logprobs=_plain_logprobs(completion.logprobs),
+            )
+            chunks.append(
+                Chunk(
+                    request_id=request_id,
+                    stage=self.stage.name,
+                    index=request.chunks,
+                    data=model.chunk_data(delta),
+                    final=output.finished,
+                )
+            )
+            request.chunks += 1
+            if output.finished:
+                self._forget(request_id)
+        return chunks
+
+    def _forget(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is not None and request.internal_id is not None:
+            self._by_internal.pop(request.internal_id, None)
+
+    def _collect_hidden(self, captured: list[vllm_bridge.CapturedRows]) -> None:
+        for rows in captured:
+            request_id = self._by_internal.get(rows.request_id)
+            request = self._requests.get(request_id) if request_id is not None else None
+            if request is None:
+                continue
+            end = rows.start + rows.rows.shape[0]
+            if end <= request.hidden_next:
+                continue  # recomputed after preemption: rows already delivered
+            if rows.start > request.hidden_next:
+                raise RuntimeError(
+                    f"hidden states of request {request_id!r} skipped positions "
+                    f"{request.hidden_next}..{rows.start - 1}: vllm_bridge lost rows"
+                )
+            request.hidden_parts.append(rows.rows[request.hidden_next - rows.start :])
+            request.hidden_next = end
+
+    @staticmethod
+    def _prompt_ids(request: _Request, output: Any) -> list[int] | None:
+        # For an embeddings prompt vLLM reports placeholder zeros, not real ids: carry none.
+        if request.data.get("prompt_embeds") is not None:
+            return None
+        return list(output.prompt_token_ids or [])
+
+    @staticmethod
+    def _take_hidden(request: _Request) -> torch.Tensor | None:
+        import torch
+
+        parts, request.hidden_parts = request.hidden_parts, []
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _engine(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError(f"stage {self.stage.name!r} is not loaded: call load() first")
+        return self.engine
+
+    def _model(self) -> ARModel:
+        if self.model_part is None:
+            raise RuntimeError(f"stage {self.stage.name!r} is not loaded: call load() first")
+        return self.model_part
+
+
+def _plain_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
+    """vLLM's per-position `{token_id: Logprob}` as plain data that connectors can move."""
+    if not logprobs:
+        return None
+    return [{int(tid): float(lp.logprob) for tid, lp in position.items()} for position in logprobs]
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())

@@ -1,0 +1,182 @@
+"""The model part of an `ar` stage: what a model plugin supplies to `ARStageRuntime`.
+
+A stage's `model` is a ``"module:attr"`` reference to an `ARModel` instance (or a factory returning
+one). The defaults make the simplest model part "this checkpoint directory, as vLLM loads it":
+``tiny = ARModel()``. Plugins customise by setting fields or by subclassing and overriding a method
+(`register`, `engine_args`, `make_prompt`, `sampling_params`, `chunk_data`). Nothing here imports vLLM
+at module import.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import Payload, StageInput
+
+if TYPE_CHECKING:
+    import torch
+    from vllm import SamplingParams
+
+    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+
+
+@attrs.define
+class ARDelta:
+    """What one engine step produced for one request, before `ARModel.chunk_data` shapes it.
+
+    `prompt_token_ids` is set on the first delta only; `finish_reason` on the last one.
+    `hidden_states` ([n_rows, hidden]) holds the captured rows not delivered yet, when capture is on.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    hidden_states: torch.Tensor | None = None
+    logprobs: Any = None
+
+
+@attrs.define
+class ARModel:
+    """The model part of an `ar` stage.
+
+    - `subfolder`: the LM lives in this subfolder of the pipeline's checkpoint.
+    - `model_path`: an explicit path instead (wins over `subfolder`).
+    - `tokenizer`, `skip_tokenizer_init`, `hf_overrides`, `enable_prompt_embeds`: as vLLM's
+      `EngineArgs`; `engine_overrides` carries any other `EngineArgs` the model needs.
+    - `architectures`: out-of-tree vLLM model classes to register (``arch -> "module:Class"``).
+    - `capture_hidden_states`: attach per-token hidden states (``hidden_states``, [n, hidden], for
+      prompt and generated tokens as they pass through the model) to each chunk. The registered
+      model class must mix in `vllm_bridge.HiddenStateCapture`; with `capture_base` (a vLLM model
+      class ``"module:Class"``) such a class is made and registered for you.
+    - `hidden_state_layer`: None = final normed hidden state; k = after decoder layer k (0: embeddings).
+    """
+
+    subfolder: str | None = None
+    model_path: str | None = None
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    enable_prompt_embeds: bool = False
+    hf_overrides: dict[str, Any] = attrs.field(factory=dict)
+    engine_overrides: dict[str, Any] = attrs.field(factory=dict)
+    architectures: dict[str, str] = attrs.field(factory=dict)
+    capture_hidden_states: bool = False
+    hidden_state_layer: int | None = None
+    capture_base: str | None = None
+
+    @property
+    def capture_architecture(self) -> str | None:
+        """The architecture name registered for `capture_base`, if any."""
+        if not (self.capture_hidden_states and self.capture_base):
+            return None
+        return "OmniCapture" + self.capture_base.rpartition(":")[2]
+
+    def register(self) -> None:
+        """Register out-of-tree vLLM model classes; called in the worker before the engine starts."""
+        from omni_core.stages import vllm_bridge
+
+        classes: dict[str, str | type] = dict(self.architectures)
+        if self.capture_architecture and self.capture_base:
+            classes[self.capture_architecture] = vllm_bridge.capture_model_class(self.capture_base)
+        vllm_bridge.register_architectures(classes)
+
+    def engine_args(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, Any]:
+        """`EngineArgs` keywords this model needs (the runtime adds its deploy options)."""
+        path = self.model_path or pipeline.model_path
+        if self.subfolder and not self.model_path:
+            path = os.path.join(path, self.subfolder)
+        args: dict[str, Any] = {"model": path, **self.engine_overrides}
+        if self.tokenizer:
+            args["tokenizer"] = self.tokenizer
+        if self.skip_tokenizer_init:
+            args["skip_tokenizer_init"] = True
+        if self.enable_prompt_embeds:
+            args["enable_prompt_embeds"] = True
+        overrides = dict(self.hf_overrides)
+        if self.capture_architecture:
+            overrides["architectures"] = [self.capture_architecture]
+        if overrides:
+            args["hf_overrides"] = overrides
+        if self.capture_hidden_states:
+            from omni_core.stages.vllm_bridge import CaptureSettings
+
+            additional = dict(args.get("additional_config") or {})
+            additional.update(CaptureSettings(layer=self.hidden_state_layer).to_additional_config())
+            args["additional_config"] = additional
+        return args
+
+    def merge_input(self, previous: Payload, more: Payload) -> Payload:
+        """Join streamed input (non-final `StageInput`s) before the request starts.
+
+        Lists (``prompt_token_ids``) and strings (``prompt``) concatenate, tensors
+        (``prompt_embeds``) concatenate along the token axis; other keys: the later value wins.
+        """
+        merged = dict(previous)
+        for key, value in more.items():
+            old = merged.get(key)
+            if old is None:
+                merged[key] = value
+            elif isinstance(old, (list, str)) and type(old) is type(value):
+                merged[key] = old + value
+            elif hasattr(old, "shape") and hasattr(value, "shape"):
+                import torch
+
+                merged[key] = torch.cat([torch.as_tensor(old), torch.as_tensor(value)], dim=0)
+            else:
+                merged[key] = value
+        return merged
+
+    def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
+        """Turn stage input into a vLLM prompt (a `TextPrompt`/`TokensPrompt`/`EmbedsPrompt` dict).
+
+        Accepts ``prompt`` (text), ``prompt_token_ids``, ``prompt_embeds`` ([n, hidden] tensor, needs
+        `enable_prompt_embeds`) and ``multi_modal_data``.
+        """
+        data = stage_input.data
+        prompt: dict[str, Any]
+        if data.get("prompt_embeds") is not None:
+            import torch
+
+            prompt = {"prompt_embeds": torch.as_tensor(data["prompt_embeds"])}
+        elif data.get("prompt_token_ids") is not None:
+            ids = data["prompt_token_ids"]
+            prompt = {"prompt_token_ids": [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]}
+        elif isinstance(data.get("prompt"), str):
+            prompt = {"prompt": data["prompt"]}
+        else:
+            raise InvalidRequestError(
+                "an 'ar' stage needs 'prompt' (text), 'prompt_token_ids' or 'prompt_embeds' in its "
+                f"input; got keys {sorted(data)}",
+                param="prompt",
+            )
+        if data.get("multi_modal_data"):
+            prompt["multi_modal_data"] = data["multi_modal_data"]
+        return prompt
+
+    def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
+        """Merged per-request parameters -> vLLM `SamplingParams`; unknown keys are rejected."""
+        from omni_core.stages.vllm_bridge import build_sampling_params
+
+        return build_sampling_params(params, delta=delta)
+
+    def chunk_data(self, delta: ARDelta) -> Payload:
+        """What a chunk of this stage carries: `token_ids`, `text`, and once `prompt_token_ids`,
+        at the end `finish_reason`, plus `hidden_states` when captured."""
+        data: Payload = {"token_ids": list(delta.token_ids), "text": delta.text}
+        if delta.prompt_token_ids is not None:
+            data["prompt_token_ids"] = list(delta.prompt_token_ids)
+        if delta.finish_reason is not None:
+            data["finish_reason"] = delta.finish_reason
+            if delta.stop_reason is not None:
+                data["stop_reason"] = delta.stop_reason
+        if delta.hidden_states is not None:
+            data["hidden_states"] = delta.hidden_states
+        if delta.logprobs is not None:
+            data["logprobs"] = delta.logprobs
+        return data

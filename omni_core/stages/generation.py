@@ -1,0 +1,303 @@
+"""The ``generation`` stage runtime: batched, chunked non-AR decode (codec frames -> waveform).
+
+Each request's input frames are buffered as they stream in. A step takes every request with a full
+chunk of new frames (or its remaining frames once its input is final), re-feeds up to
+`left_context` already-decoded frames before each chunk so chunk boundaries are seamless, runs one
+batched decode for all of them, cuts the context's samples off and emits one chunk per request.
+Without streaming, a request is decoded whole in one piece once its input is final.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.errors import InvalidRequestError, StageError
+from omni_core.outputs import Chunk, StageInput
+from omni_core.refs import load_ref
+from omni_core.stages.base import ProgressCallback, StageRuntime
+from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
+
+if TYPE_CHECKING:
+    import torch
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{attribute.name} must be >= 1, got {value}")
+
+
+@attrs.frozen
+class GenerationOptions:
+    """Deploy options of a ``generation`` stage.
+
+    - `max_batch_size`: most requests decoded in one step.
+    - `dtype`: weights' dtype; `device`: ``None`` picks the stage's first device, else CUDA when
+      available, else CPU.
+    - `chunk_size` / `left_context`: override the model part's values (e.g. smaller chunks for a
+      lower time to first audio); ``None`` keeps them.
+    """
+
+    max_batch_size: int = attrs.field(default=16, validator=_positive_or_none)
+    dtype: Dtype = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16")))
+    device: str | None = None
+    chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
+    left_context: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
+
+
+@attrs.define
+class _Request:
+    """A request's frame buffer. Frame indexes are absolute in the request's frame stream."""
+
+    params: dict[str, Any]
+    frames: torch.Tensor | None = None  # frames [base, received), consolidated
+    pieces: list[torch.Tensor] = attrs.field(factory=list)  # received, not yet consolidated
+    base: int = 0
+    received: int = 0
+    emitted: int = 0  # frames decoded and sent
+    input_final: bool = False
+    chunks: int = 0  # chunks sent (the next chunk's index)
+
+    def consolidate(self) -> torch.Tensor:
+        if self.pieces:
+            import torch
+
+            parts = ([self.frames] if self.frames is not None else []) + self.pieces
+            self.frames = parts[0] if len(parts) == 1 else torch.cat(parts)
+            self.pieces = []
+        assert self.frames is not None
+        return self.frames
+
+    def keep_from(self, index: int) -> None:
+        """Drop buffered frames before `index` (no longer needed as left context)."""
+        if self.frames is not None and index > self.base:
+            # clone: a view would keep the whole old buffer alive
+            self.frames = self.frames[index - self.base :].clone()
+            self.base = index
+
+
+class GenerationStageRuntime(StageRuntime):
+    """Runs a `GenerationModel` over the chunks of many requests at once (kind ``generation``)."""
+
+    Options = GenerationOptions
+    options: GenerationOptions
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
+        super().__init__(pipeline, stage, replica)
+        self.model: GenerationModel | None = None
+        self.chunk_size = 0
+        self.left_context = 0
+        # insertion order is the service order; served requests move to the end (fairness when
+        # more requests are ready than fit in a batch)
+        self._requests: dict[str, _Request] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        factory = load_ref(self.stage.model)
+        if isinstance(factory, GenerationModel):
+            # A shared instance would be shared by inline replicas too: each replica needs its own.
+            raise StageError(
+                self.stage.name,
+                f"model part {self.stage.model!r} is an instance; refer to a factory "
+                "(pipeline, stage) -> GenerationModel instead (e.g. the class itself)",
+            )
+        model = factory(self.pipeline, self.stage)
+        if not isinstance(model, GenerationModel):
+            raise StageError(
+                self.stage.name,
+                f"model part {self.stage.model!r} returned {type(model).__name__}; a generation stage needs "
+                "a omni_core.stages.generation_model.GenerationModel",
+            )
+        if progress is not None:
+            progress(f"loading {self.stage.name}", 0.0)
+        model.load(self._device(), self.options.dtype)
+        self.chunk_size = self.options.chunk_size or model.chunk_size
+        self.left_context = model.left_context if self.options.left_context is None else self.options.left_context
+        if self.chunk_size < 1 or self.left_context < 0 or model.samples_per_frame < 1:
+            raise StageError(
+                self.stage.name,
+                f"invalid model part {self.stage.model!r}: chunk_size={self.chunk_size}, "
+                f"left_context={self.left_context}, samples_per_frame={model.samples_per_frame}",
+            )
+        self.model = model
+        if progress is not None:
+            progress(f"loaded {self.stage.name}", 1.0)
+
+    def _device(self) -> str:
+        if self.options.device is not None:
+            return self.options.device
+        if self.stage.devices:
+            return self.stage.devices[0]
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def close(self) -> None:
+        self._requests.clear()
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, stage_input: StageInput) -> None:
+        model = self._loaded()
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request {request_id!r} is already running in stage {self.stage.name!r}")
+        if model.input_key not in stage_input.data:
+            raise InvalidRequestError(
+                f"stage {self.stage.name!r} needs input {model.input_key!r} (frames [T, ...]); "
+                f"got keys {sorted(stage_input.data)}",
+                param=model.input_key,
+            )
+        model.check_params(stage_input.params)
+        request = _Request(params=dict(stage_input.params))
+        self._append(request, stage_input)  # validates before the request is registered
+        self._requests[request_id] = request
+
+    def extend_request(self, request_id: str, stage_input: StageInput) -> None:
+        request = self._requests.get(request_id)
+        if request is None:
+            return  # aborted or failed already: late upstream chunks are expected, not an error
+        if request.input_final:
+            raise InvalidRequestError(f"request {request_id!r} got input after its final input")
+        try:
+            self._append(request, stage_input)
+        except InvalidRequestError:
+            del self._requests[request_id]
+            raise
+
+    def _append(self, request: _Request, stage_input: StageInput) -> None:
+        model = self._loaded()
+        value = stage_input.data.get(model.input_key)
+        if value is not None:
+            frames = model.to_frames(value)
+            reference = request.frames if request.frames is not None else next(iter(request.pieces), None)
+            if reference is not None and (frames.shape[1:] != reference.shape[1:] or frames.dtype != reference.dtype):
+                raise InvalidRequestError(
+                    f"{model.input_key!r} frames changed shape or dtype mid-request: "
+                    f"{tuple(reference.shape[1:])}/{reference.dtype} then {tuple(frames.shape[1:])}/{frames.dtype}",
+                    param=model.input_key,
+                )
+            if frames.shape[0]:
+                request.pieces.append(frames)
+                request.received += int(frames.shape[0])
+        request.input_final = stage_input.final
+
+    def abort_request(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    # -- stepping --------------------------------------------------------------------------------
+
+    def _ready(self, request: _Request) -> bool:
+        # A request waiting for more input is idle: reporting it as work would make the worker spin.
+        if not self.streaming:
+            return request.input_final
+        return request.input_final or request.received - request.emitted >= self.chunk_size
+
+    def has_unfinished(self) -> bool:
+        return any(self._ready(request) for request in self._requests.values())
+
+    def step(self) -> list[Chunk]:
+        model = self._loaded()
+        chosen = [rid for rid, request in self._requests.items() if self._ready(request)]
+        chosen = chosen[: self.options.max_batch_size]
+        chunks: list[Chunk] = []
+        items: list[DecodeItem] = []
+        for request_id in chosen:
+            request = self._requests.pop(request_id)
+            self._requests[request_id] = request  # to the back of the service order
+            item = self._next_item(request_id, request)
+            if item is None:  # final input with nothing left to decode: close the stream
+                chunks.append(self._emit(request_id, request, self._empty_output(), 0, final=True))
+                continue
+            try:
+                model.check(item)
+            except InvalidRequestError as exc:
+                chunks.append(self._fail(request_id, request, str(exc)))
+                continue
+            items.append(item)
+        if items:
+            outputs = model.decode(DecodeBatch(items))
+            if len(outputs) != len(items):
+                raise StageError(self.stage.name, f"decode returned {len(outputs)} outputs for {len(items)} items")
+            spf = model.samples_per_frame
+            for item, output in zip(items, outputs):
+                expected = item.frames.shape[0] * spf
+                if output.shape[0] < expected:
+                    raise StageError(
+                        self.stage.name,
+                        f"decode returned {output.shape[0]} samples for {item.frames.shape[0]} frames; "
+                        f"expected {expected} (samples_per_frame={spf})",
+                    )
+                samples = output[item.context * spf : expected]
+                request = self._requests[item.request_id]
+                chunks.append(self._emit(item.request_id, request, samples, item.new_frames, item.final))
+        return chunks
+
+    def _next_item(self, request_id: str, request: _Request) -> DecodeItem | None:
+        new = request.received - request.emitted
+        if new == 0:
+            return None
+        if self.streaming:
+            count = min(new, self.chunk_size)
+            context = min(self.left_context, request.emitted)
+        else:
+            count, context = new, 0
+        frames = request.consolidate()
+        start = request.emitted - context
+        return DecodeItem(
+            request_id=request_id,
+            frames=frames[start - request.base : request.emitted + count - request.base],
+            context=context,
+            start=start,
+            final=request.input_final and request.emitted + count == request.received,
+            params=request.params,
+        )
+
+    def _emit(self, request_id: str, request: _Request, samples: Any, frames: int, final: bool) -> Chunk:
+        model = self._loaded()
+        chunk = Chunk(
+            request_id=request_id,
+            stage=self.stage.name,
+            index=request.chunks,
+            data={model.output_key: self._to_output(samples), **model.extra_outputs},
+            final=final,
+        )
+        request.chunks += 1
+        request.emitted += frames
+        if final:
+            del self._requests[request_id]
+        else:
+            request.keep_from(max(0, request.emitted - self.left_context))
+        return chunk
+
+    def _fail(self, request_id: str, request: _Request, message: str) -> Chunk:
+        del self._requests[request_id]
+        return Chunk(request_id, self.stage.name, request.chunks, final=True, error=message)
+
+    @staticmethod
+    def _to_output(samples: torch.Tensor) -> Any:
+        """CPU float32 numpy samples: what audio consumers (soundfile, encoders, JSON) take."""
+        import torch
+
+        samples = samples.detach()
+        if samples.is_floating_point() and samples.dtype != torch.float32:
+            samples = samples.to(torch.float32)
+        return samples.to("cpu").contiguous().numpy()
+
+    @staticmethod
+    def _empty_output() -> torch.Tensor:
+        import torch
+
+        return torch.zeros(0, dtype=torch.float32)
+
+    def _loaded(self) -> GenerationModel:
+        if self.model is None:
+            raise StageError(self.stage.name, "the stage runtime is not loaded: call load() first")
+        return self.model

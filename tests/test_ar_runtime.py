@@ -1,0 +1,348 @@
+"""The `ar` stage runtime on real vLLM (CPU build) with a tiny random Qwen3, against transformers."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError
+from omni_core.outputs import Chunk, StageInput
+from omni_core.stages.ar import ARStageRuntime
+from omni_core.stages.ar_model import ARModel
+from omni_core.stages.vllm_bridge import ensure_supported_version
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+QWEN3 = "vllm.model_executor.models.qwen3:Qwen3ForCausalLM"
+
+# Model parts the stages below load through their `model` reference.
+plain_lm = ARModel()
+capture_layer1_lm = ARModel(capture_hidden_states=True, capture_base=QWEN3, hidden_state_layer=1)
+capture_final_lm = ARModel(capture_hidden_states=True, capture_base=QWEN3)
+embeds_lm = ARModel(enable_prompt_embeds=True)
+
+PROMPT_LENGTHS = (3, 9, 17, 30)
+MAX_TOKENS = 12
+
+
+def _write_tiny_lm() -> Any:
+    """`omni_toy.tiny_lm.write_tiny_lm`, also when the toy plugin is not installed yet."""
+    try:
+        return importlib.import_module("omni_toy.tiny_lm").write_tiny_lm
+    except ImportError:
+        path = Path(__file__).parent / "toy-plugin" / "omni_toy" / "tiny_lm.py"
+        spec = importlib.util.spec_from_file_location("omni_toy_tiny_lm", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.write_tiny_lm
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tiny-lm")
+    _write_tiny_lm()(directory, seed=0)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_lm: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm)
+    ids = tokenizer("Once upon a time there was a little robot who liked to count the stars at "
+                    "night, and the weather today is sunny with a gentle breeze").input_ids
+    assert len(ids) >= max(PROMPT_LENGTHS)
+    # Different lengths and different starts, so requests differ and batch unevenly.
+    return [ids[i : i + n] for i, n in enumerate(PROMPT_LENGTHS)]
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_lm: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model: Any, prompts: list[list[int]]) -> list[list[int]]:
+    import torch
+
+    results = []
+    for ids in prompts:
+        out = hf_model.generate(
+            torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, min_new_tokens=MAX_TOKENS
+        )
+        results.append(out[0, len(ids) :].tolist())
+    assert len({tuple(r) for r in results}) == len(results), "tiny model outputs should vary"
+    assert all(len(set(r)) > 2 for r in results), "greedy output collapsed to a repeated token"
+    return results
+
+
+def _runtime(model_dir: Path, model_ref: str, streaming: bool, load: bool = True, **options: Any) -> ARStageRuntime:
+    stage = ResolvedStage(
+        name="thinker",
+        kind="ar",
+        runtime_ref="omni_core.stages.ar:ARStageRuntime",
+        model=model_ref,
+        options={"dtype": "float32", "max_model_len": 64, "kv_cache_memory_bytes": 32 << 20, "max_num_seqs": 8, **options},
+    )
+    pipeline = ResolvedPipeline(
+        model="tiny", model_path=str(model_dir), family="toy", stages=(stage,), streaming=streaming
+    )
+    runtime = ARStageRuntime(pipeline, stage)
+    if load:
+        runtime.load()
+    return runtime
+
+
+@pytest.fixture(scope="module")
+def final_runtime(tiny_lm: Path) -> Iterator[ARStageRuntime]:
+    runtime = _runtime(tiny_lm, f"{__name__}:plain_lm", streaming=False)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture(scope="module")
+def stream_runtime(tiny_lm: Path) -> Iterator[ARStageRuntime]:
+    # 8 tokens a step: long prompts are prefilled in chunks, mixed with other requests' decodes.
+    runtime = _runtime(tiny_lm, f"{__name__}:capture_layer1_lm", streaming=True, max_num_batched_tokens=8)
+    yield runtime
+    runtime.close()
+
+
+def _greedy(**extra: Any) -> dict[str, Any]:
+    return {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, **extra}
+
+
+def _run(runtime: ARStageRuntime, max_steps: int = 500) -> dict[str, list[Chunk]]:
+    chunks: dict[str, list[Chunk]] = {}
+    steps = 0
+    while runtime.has_unfinished():
+        for chunk in runtime.step():
+            chunks.setdefault(chunk.request_id, []).append(chunk)
+        steps += 1
+        assert steps < max_steps, "runtime did not finish"
+    return chunks
+
+
+def _tokens(chunks: list[Chunk]) -> list[int]:
+    return [t for chunk in chunks for t in chunk.data["token_ids"]]
+
+
+def _check_chunks(chunks: list[Chunk], prompt: list[int]) -> None:
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[0].data["prompt_token_ids"] == prompt
+    assert all("prompt_token_ids" not in c.data for c in chunks[1:])
+    assert chunks[-1].data["finish_reason"] == "length"
+
+
+def _add_all(runtime: ARStageRuntime, prompts: list[list[int]], prefix: str) -> list[str]:
+    ids = [f"{prefix}-{i}" for i in range(len(prompts))]
+    for rid, ids_ in zip(ids, prompts):
+        runtime.add_request(rid, StageInput(data={"prompt_token_ids": ids_}, params=_greedy()))
+    return ids
+
+
+def test_final_only_matches_transformers(final_runtime: ARStageRuntime, prompts, hf_greedy) -> None:
+    ids = _add_all(final_runtime, prompts, "final")
+    chunks = _run(final_runtime)
+    for rid, prompt, expected in zip(ids, prompts, hf_greedy):
+        assert len(chunks[rid]) == 1
+        _check_chunks(chunks[rid], prompt)
+        assert _tokens(chunks[rid]) == expected
+        assert isinstance(chunks[rid][0].data["text"], str) and chunks[rid][0].data["text"]
+    assert "hidden_states" not in chunks[ids[0]][0].data
+
+
+def test_streaming_matches_final_only_and_transformers(
+    stream_runtime: ARStageRuntime, final_runtime: ARStageRuntime, prompts, hf_greedy
+) -> None:
+    ids = _add_all(stream_runtime, prompts, "stream")
+    chunks = _run(stream_runtime)
+    _add_all(final_runtime, prompts, "again")
+    final = _run(final_runtime)
+    for i, (rid, prompt, expected) in enumerate(zip(ids, prompts, hf_greedy)):
+        _check_chunks(chunks[rid], prompt)
+        assert len(chunks[rid]) == MAX_TOKENS  # one new token per step
+        assert _tokens(chunks[rid]) == expected == _tokens(final[f"again-{i}"])
+        assert "".join(c.data["text"] for c in chunks[rid]) == final[f"again-{i}"][0].data["text"]
+
+
+def test_text_prompt(final_runtime: ARStageRuntime, tiny_lm: Path, hf_model) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    text = "Hello world! How are you today?"
+    final_runtime.add_request("text", StageInput(data={"prompt": text}, params=_greedy(max_tokens=5)))
+    (chunk,) = _run(final_runtime)["text"]
+    ids = AutoTokenizer.from_pretrained(tiny_lm)(text).input_ids
+    expected = hf_model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert chunk.data["prompt_token_ids"] == ids
+    assert chunk.data["token_ids"] == expected[0, len(ids) :].tolist()
+
+
+def test_hidden_states_match_transformers_under_chunked_prefill(
+    stream_runtime: ARStageRuntime, prompts, hf_greedy, hf_model
+) -> None:
+    import torch
+
+    ids = _add_all(stream_runtime, prompts, "hidden")
+    chunks = _run(stream_runtime)
+    for rid, prompt, generated in zip(ids, prompts, hf_greedy):
+        rows = [c.data["hidden_states"] for c in chunks[rid] if "hidden_states" in c.data]
+        hidden = torch.cat(rows)
+        # Every token that went through the model: the prompt and all but the last sampled token.
+        sequence = prompt + generated[:-1]
+        assert hidden.shape == (len(sequence), hf_model.config.hidden_size)
+        with torch.no_grad():
+            expected = hf_model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[1][0]
+        torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=1e-4)
+        # Decode steps carry exactly the row of the token they consumed.
+        assert all(c.data["hidden_states"].shape[0] == 1 for c in chunks[rid][1:])
+
+
+def test_final_hidden_state_capture(tiny_lm: Path, prompts, hf_greedy, hf_model) -> None:
+    import torch
+
+    runtime = _runtime(tiny_lm, f"{__name__}:capture_final_lm", streaming=False)
+    try:
+        ids = _add_all(runtime, prompts[:2], "last")
+        chunks = _run(runtime)
+    finally:
+        runtime.close()
+    for rid, prompt, generated in zip(ids, prompts, hf_greedy):
+        (chunk,) = chunks[rid]
+        sequence = prompt + generated[:-1]
+        with torch.no_grad():
+            expected = hf_model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0]
+        torch.testing.assert_close(chunk.data["hidden_states"], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_abort_frees_request(stream_runtime: ARStageRuntime, prompts, hf_greedy) -> None:
+    stream_runtime.add_request("keep", StageInput(data={"prompt_token_ids": prompts[1]}, params=_greedy()))
+    stream_runtime.add_request("drop", StageInput(data={"prompt_token_ids": prompts[2]}, params=_greedy()))
+    seen: dict[str, list[Chunk]] = {}
+    for _ in range(6):
+        for chunk in stream_runtime.step():
+            seen.setdefault(chunk.request_id, []).append(chunk)
+    assert "drop" in seen and not seen["drop"][-1].final
+    stream_runtime.abort_request("drop")
+    stream_runtime.abort_request("never-existed")  # ignored
+    for rid, rest in _run(stream_runtime).items():
+        seen[rid].extend(rest)
+    assert all(not c.final for c in seen["drop"])
+    assert _tokens(seen["keep"]) == hf_greedy[1]
+    assert stream_runtime.engine is not None and stream_runtime.engine.get_num_unfinished_requests() == 0
+    # The id is free again.
+    stream_runtime.add_request("drop", StageInput(data={"prompt_token_ids": prompts[0]}, params=_greedy()))
+    assert _tokens(_run(stream_runtime)["drop"]) == hf_greedy[0]
+
+
+def test_over_long_prompt_fails_only_that_request(stream_runtime: ARStageRuntime, prompts, hf_greedy) -> None:
+    stream_runtime.add_request("ok", StageInput(data={"prompt_token_ids": prompts[3]}, params=_greedy()))
+    with pytest.raises(InvalidRequestError, match="maximum context length"):
+        stream_runtime.add_request("long", StageInput(data={"prompt_token_ids": [5] * 100}, params=_greedy()))
+    chunks = _run(stream_runtime)
+    assert set(chunks) == {"ok"}
+    assert _tokens(chunks["ok"]) == hf_greedy[3]
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [({"max_tokens": 4, "temprature": 0.0}, "temprature"), ({"max_tokens": 0}, "max_tokens"), ({"n": 2}, "n")],
+)
+def test_bad_sampling_params(stream_runtime: ARStageRuntime, prompts, params, param) -> None:
+    with pytest.raises(InvalidRequestError, match=param) as info:
+        stream_runtime.add_request("bad", StageInput(data={"prompt_token_ids": prompts[0]}, params=params))
+    assert info.value.param == param
+    assert not stream_runtime.has_unfinished()
+
+
+def test_missing_prompt_is_invalid(stream_runtime: ARStageRuntime) -> None:
+    with pytest.raises(InvalidRequestError, match="prompt_token_ids"):
+        stream_runtime.add_request("empty", StageInput(data={"audio": [0.0]}, params=_greedy()))
+
+
+def test_streamed_input_starts_when_final(stream_runtime: ARStageRuntime, prompts, hf_greedy) -> None:
+    prompt = prompts[2]
+    stream_runtime.add_request("parts", StageInput(data={"prompt_token_ids": prompt[:5]}, params=_greedy(), final=False))
+    assert not stream_runtime.has_unfinished()
+    stream_runtime.extend_request("parts", StageInput(data={"prompt_token_ids": prompt[5:]}, final=True))
+    chunks = _run(stream_runtime)["parts"]
+    assert chunks[0].data["prompt_token_ids"] == prompt
+    assert _tokens(chunks) == hf_greedy[2]
+
+
+def test_hidden_states_survive_preemption(tiny_lm: Path, prompts, hf_greedy, hf_model) -> None:
+    import torch
+
+    # KV room for 4 blocks of 32 tokens: requests outgrowing their block preempt others, which
+    # are recomputed later (their hidden rows arrive twice and must be delivered once).
+    runtime = _runtime(
+        tiny_lm, f"{__name__}:capture_layer1_lm", streaming=True, kv_cache_memory_bytes=PREEMPT_KV_BYTES,
+        max_num_batched_tokens=16, engine_args={"block_size": 32},
+    )
+    try:
+        ids = _add_all(runtime, prompts * 2, "preempt")
+        chunks = _run(runtime)
+    finally:
+        runtime.close()
+    for i, rid in enumerate(ids):
+        prompt, generated = prompts[i % len(prompts)], hf_greedy[i % len(prompts)]
+        assert _tokens(chunks[rid]) == generated
+        sequence = prompt + generated[:-1]
+        with torch.no_grad():
+            expected = hf_model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[1][0]
+        hidden = torch.cat([c.data["hidden_states"] for c in chunks[rid] if "hidden_states" in c.data])
+        torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=1e-4)
+
+
+PREEMPT_KV_BYTES = 128 * 1024
+
+
+def test_prompt_embeds_give_the_same_tokens(tiny_lm: Path, prompts, hf_greedy, hf_model) -> None:
+    import torch
+
+    runtime = _runtime(tiny_lm, f"{__name__}:embeds_lm", streaming=True)
+    try:
+        for i, prompt in enumerate(prompts[:2]):
+            with torch.no_grad():
+                embeds = hf_model.get_input_embeddings()(torch.tensor(prompt))
+            runtime.add_request(f"emb-{i}", StageInput(data={"prompt_embeds": embeds}, params=_greedy()))
+        chunks = _run(runtime)
+    finally:
+        runtime.close()
+    assert [_tokens(chunks[f"emb-{i}"]) for i in range(2)] == hf_greedy[:2]
+    assert "prompt_token_ids" not in chunks["emb-0"][0].data  # vLLM only has placeholders
+
+
+def test_unknown_engine_argument_is_a_config_error(tiny_lm: Path) -> None:
+    runtime = _runtime(tiny_lm, f"{__name__}:plain_lm", streaming=True, load=False, engine_args={"bogus_arg": 1})
+    with pytest.raises(ConfigError, match="bogus_arg"):
+        runtime.load()
+
+
+def test_model_ref_must_be_an_ar_model(tiny_lm: Path) -> None:
+    runtime = _runtime(tiny_lm, f"{__name__}:PROMPT_LENGTHS", streaming=True, load=False)
+    with pytest.raises(ConfigError, match="not an omni_core.stages.ar_model.ARModel"):
+        runtime.load()
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.32.0rc1"])
+def test_supported_vllm_versions(version: str) -> None:
+    ensure_supported_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "dev"])
+def test_unsupported_vllm_versions(version: str) -> None:
+    with pytest.raises(MissingDependencyError, match="pip install"):
+        ensure_supported_version(version)

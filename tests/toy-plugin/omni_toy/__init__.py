@@ -1,0 +1,1 @@
+"""A toy model family for Omni's tests: tiny random-weight checkpoints, built offline."""
