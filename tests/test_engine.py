@@ -132,3 +132,11 @@ async def test_replicas_share_the_load():
             assert all(len(u) == 1 for u in used)  # a request sticks to its replica
             assert set().union(*used) == {0, 1}
         assert engine.groups["s0"].load == [0, 0]
+
+
+async def test_input_processor_sets_params_of_later_stages():
+    pipeline = attrs.evolve(passthrough_pipeline(stages=2), input_processor="omni_core.testing.fakes:ParamsForLaterStages")
+    async with AsyncOmniEngine(pipeline) as engine:
+        deltas = await collect(engine, OmniRequest(prompt="a"))
+        assert [d.data["s1"] for d in deltas] == [0, 1]
+        assert deltas[0].data["prompt"] == "a"

@@ -21,6 +21,8 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="STAGE.OP
 
 
 def _setup_logging(verbose: bool) -> None:
+    # stdout carries results (--json); libraries' logs go to stderr, also in stage processes.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not verbose:
         # vLLM logs its whole configuration at INFO in every stage process; keep its warnings only.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -46,10 +48,15 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
     wanted = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else None
     _setup_logging(verbose)
     from omni_cli.main import plugin_host
+    from omni_core.config import resolve
     from omni_core.engine.offline import Omni
 
-    click.echo(f"Loading {model} ...", err=True)
-    with Omni(model, deploy=deploy, overrides=overrides, plugins=plugin_host(ctx)) as omni:
+    pipeline = resolve(model, deploy=deploy, overrides=overrides, plugins=plugin_host(ctx))
+    unknown = [m for m in wanted or () if m not in pipeline.modalities]
+    if unknown:
+        raise InvalidRequestError(f"{model} does not produce {', '.join(unknown)}; it produces {', '.join(pipeline.modalities)}", param="modalities")
+    click.echo(f"Loading {model} ({pipeline.family}: {' -> '.join(s.name for s in pipeline.stages)}) ...", err=True)
+    with Omni(pipeline) as omni:
         stream_text = not as_json and sys.stdout.isatty()
 
         def on_delta(delta: Any) -> None:
@@ -114,12 +121,13 @@ def make_tiny(ctx: click.Context, family: str, directory: Path, size: str) -> No
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8091, show_default=True, type=int)
 @click.option("--api-key", envvar="OMNI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
+@click.option("--max-body-mb", default=64.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Largest request body accepted (larger: 413).")
 @deploy_option
 @set_option
-def serve(model: str, host: str, port: int, api_key: str | None, deploy: Path | None, overrides: tuple[str, ...]) -> None:
+def serve(model: str, host: str, port: int, api_key: str | None, max_body_mb: float, deploy: Path | None, overrides: tuple[str, ...]) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
     try:
         from omni_core.server.app import run_server
     except ImportError:
         raise OmniError("the HTTP server is not part of this build yet (see issue 4); use `omni generate`") from None
-    run_server(model, host=host, port=port, api_key=api_key, deploy=deploy, overrides=overrides)
+    run_server(model, host=host, port=port, api_key=api_key, deploy=deploy, overrides=overrides, max_body_bytes=int(max_body_mb * 1024 * 1024))

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.engine.result import OmniResult
@@ -36,10 +37,16 @@ def to_request(prompt: PromptLike, modalities: Sequence[str] | None, params_per_
 
 
 class AsyncOmni:
-    """Async offline API: ``async with AsyncOmni(model) as omni: async for delta in omni.generate(...)``."""
+    """Async offline API: ``async with AsyncOmni(model) as omni: async for delta in omni.generate(...)``.
 
-    def __init__(self, model: str, deploy: str | Path | None = None, overrides: Sequence[str] = (), plugins: Any = None) -> None:
-        self.engine = AsyncOmniEngine.from_model(model, deploy=deploy, overrides=overrides, plugins=plugins)
+    `model` is a model reference (resolved with `deploy`/`overrides`) or a `ResolvedPipeline`.
+    """
+
+    def __init__(self, model: str | ResolvedPipeline, deploy: str | Path | None = None, overrides: Sequence[str] = (), plugins: Any = None) -> None:
+        if isinstance(model, ResolvedPipeline):
+            self.engine = AsyncOmniEngine(model)
+        else:
+            self.engine = AsyncOmniEngine.from_model(model, deploy=deploy, overrides=overrides, plugins=plugins)
 
     async def __aenter__(self) -> "AsyncOmni":
         await self.engine.start()
@@ -75,7 +82,7 @@ class Omni:
     The engine runs on an event loop in a background thread; call `close()` (or use ``with``).
     """
 
-    def __init__(self, model: str, deploy: str | Path | None = None, overrides: Sequence[str] = (), plugins: Any = None) -> None:
+    def __init__(self, model: str | ResolvedPipeline, deploy: str | Path | None = None, overrides: Sequence[str] = (), plugins: Any = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omni-engine-loop", daemon=True)
         self._thread.start()

@@ -39,6 +39,7 @@ class RequestState:
     pending_finals: dict[str, int]
     queue: asyncio.Queue[Any] = attrs.field(factory=asyncio.Queue)
     started: set[str] = attrs.field(factory=set)
+    param_overlays: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     finished: bool = False
     arrival: float = attrs.field(factory=time.monotonic)
     first_output: dict[str, float] = attrs.field(factory=dict)
@@ -47,7 +48,7 @@ class RequestState:
 
 def active_stages(pipeline: ResolvedPipeline, modalities: tuple[str, ...]) -> tuple[str, ...]:
     """Stages producing the wanted modalities and all their ancestors, in pipeline order."""
-    wanted = {s.name for s in pipeline.stages if s.output in modalities}
+    wanted = {s.name for s in pipeline.stages if any(out in modalities for out in s.outputs)}
     frontier = list(wanted)
     while frontier:
         stage = pipeline.stage(frontier.pop())
@@ -91,13 +92,17 @@ class Orchestrator:
         for name in active:
             targets = tuple(e.target for e in self.pipeline.downstream(name) if e.target in active)
             stage = self.pipeline.stage(name)
-            emit_output = stage.output in modalities or not targets
+            emit_output = any(out in modalities for out in stage.outputs) or not targets
             routes[name] = (targets, emit_output)
             pending[name] = len(targets) + int(emit_output)
         return RequestState(request, active, modalities, routes, pending)
 
     def submit(self, state: RequestState, stage_inputs: dict[str, StageInput]) -> None:
-        """Start a planned request with the input processor's entry-stage inputs."""
+        """Start a planned request with the input processor's stage inputs.
+
+        Entry stages get their input; for a stage fed by other stages only the `params` of its
+        `StageInput` are used (merged over the request's parameters for it, e.g. a chosen voice).
+        """
         request_id = state.request.request_id
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -105,6 +110,9 @@ class Orchestrator:
         try:
             for name, stage_input in stage_inputs.items():
                 if name not in state.active:
+                    continue
+                if self.pipeline.stage(name).inputs:
+                    state.param_overlays[name] = dict(stage_input.params)
                     continue
                 handle = self.io_connector.put({"data": stage_input.data, "params": stage_input.params})
                 self._send(state, name, "request", 0, stage_input.final, handle)
@@ -120,7 +128,7 @@ class Orchestrator:
         if first:
             state.started.add(stage_name)
             stage = self.pipeline.stage(stage_name)
-            params = merge_params(stage.params, request.params.get(stage_name))
+            params = merge_params(stage.params, request.params.get(stage_name)) | state.param_overlays.get(stage_name, {})
             targets, emit_output = state.routes[stage_name]
         submit = m.Submit(request.request_id, source, index, final, handle, params, targets, emit_output)
         self.groups[stage_name].send(request.request_id, submit)

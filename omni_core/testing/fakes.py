@@ -135,3 +135,13 @@ def passthrough_pipeline(
         output_connector=connector,
         output_connector_ref=refs[connector],
     )
+
+
+class ParamsForLaterStages:
+    """An input processor that also sets parameters of a non-entry stage (``s1``: repeat twice)."""
+
+    def __init__(self, pipeline: ResolvedPipeline) -> None:
+        self.pipeline = pipeline
+
+    def __call__(self, request: Any) -> dict[str, StageInput]:
+        return {"s0": StageInput(data={"prompt": request.prompt}), "s1": StageInput(params={"repeat": 2})}
