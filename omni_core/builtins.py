@@ -11,6 +11,7 @@ from omni_core.hookspecs import hookimpl
 def register_stage_runtimes(register: Callable[[str, str], None]) -> None:
     register("ar", "omni_core.stages.ar:ARStageRuntime")
     register("generation", "omni_core.stages.generation:GenerationStageRuntime")
+    register("diffusion", "omni_core.stages.diffusion:DiffusionStageRuntime")
 
 
 @hookimpl
@@ -22,3 +23,4 @@ def register_connectors(register: Callable[[str, str], None]) -> None:
 @hookimpl
 def register_quantization_resolvers(register: Callable[[str, str], None]) -> None:
     register("fp8", "omni_core.quantization:resolve_fp8")
+    register("int8", "omni_core.quantization:resolve_int8")

@@ -1,17 +1,147 @@
 """The core's default quantization resolvers (registered through `register_quantization_resolvers`).
 
-A resolver maps a stage's ``quantization`` option to what that stage's runtime applies.
+A resolver maps a stage's ``quantization`` option to what that stage's runtime applies: vLLM's
+quantization arguments for ``ar`` stages, a linear-layer swap spec for ``diffusion`` stages. The
+swap itself (`quantize_linears`) replaces the ``torch.nn.Linear`` modules of a DiT:
+
+- ``int8``: int8 weight-only (per-output-channel symmetric scales, activations stay in the model's
+  dtype); runs anywhere, halves (fp16/bf16) or quarters (fp32) the weights' memory.
+- ``fp8``: FP8 e4m3 weights and dynamically scaled FP8 activations through ``torch._scaled_mm``
+  (GPUs with FP8 tensor cores: Hopper, Ada, Blackwell).
+
+torch is imported inside functions: the core imports this module at discovery time.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any, Callable
 
 from omni_core.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+
 
 def resolve_fp8(kind: str, options: dict[str, Any]) -> dict[str, Any]:
-    """FP8: vLLM's ``fp8`` quantization for AR stages (GPU builds of vLLM)."""
+    """FP8: vLLM's ``fp8`` quantization for AR stages; FP8 DiT linears for diffusion stages (GPU)."""
     if kind == "ar":
         return {"quantization": "fp8"}
+    if kind == "diffusion":
+        return {"method": "fp8", "min_features": 64}
     raise ConfigError(f"the fp8 resolver does not support {kind!r} stages", key="quantization")
+
+
+def resolve_int8(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    """int8 weight-only DiT linears for diffusion stages (CPU and GPU)."""
+    if kind == "diffusion":
+        return {"method": "int8_weight_only", "min_features": 64}
+    raise ConfigError(
+        f"the int8 resolver does not support {kind!r} stages (for ar stages use a vLLM method, e.g. fp8)",
+        key="quantization",
+    )
+
+
+def quantize_linears(module: torch.nn.Module, spec: dict[str, Any], skip: Callable[[str], bool] | None = None) -> int:
+    """Replace the ``nn.Linear`` layers of `module` as `spec` says; return how many were replaced.
+
+    Layers with fewer than ``spec["min_features"]`` input or output features stay as they are
+    (tiny projections gain nothing), as do those whose qualified name `skip` accepts.
+    """
+    import torch
+
+    method = spec.get("method")
+    builders = {"int8_weight_only": _int8_class, "fp8": _fp8_class}
+    if method not in builders:
+        raise ConfigError(f"unknown linear quantization method {method!r}; known: {', '.join(builders)}", key="quantization")
+    if method == "fp8" and not _fp8_supported():
+        raise ConfigError(
+            "fp8 linears need a CUDA GPU with FP8 support (compute capability >= 8.9); "
+            "on CPU use quantization: int8",
+            key="quantization",
+        )
+    cls = builders[method]()
+    min_features = int(spec.get("min_features", 0))
+    replaced = 0
+    for name, child in list(module.named_modules()):
+        for child_name, layer in list(child.named_children()):
+            qualified = f"{name}.{child_name}" if name else child_name
+            if type(layer) is not torch.nn.Linear:
+                continue
+            if min(layer.in_features, layer.out_features) < min_features or (skip is not None and skip(qualified)):
+                continue
+            setattr(child, child_name, cls.from_linear(layer))
+            replaced += 1
+    return replaced
+
+
+def _fp8_supported() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9) and hasattr(torch, "_scaled_mm")
+
+
+@functools.cache
+def _int8_class() -> type:
+    import torch
+
+    class Int8WeightOnlyLinear(torch.nn.Module):
+        """A linear layer with int8 weights and per-output-channel scales; computes in the input's dtype."""
+
+        def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+            super().__init__()
+            self.in_features = weight_int8.shape[1]
+            self.out_features = weight_int8.shape[0]
+            self.register_buffer("weight_int8", weight_int8)
+            self.register_buffer("scale", scale)
+            self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+
+        @classmethod
+        def from_linear(cls, linear: torch.nn.Linear) -> "Int8WeightOnlyLinear":
+            weight = linear.weight.detach().float()
+            scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+            quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            return cls(quantized, scale.to(linear.weight.dtype), linear.bias)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # Scaling the output instead of the weight keeps the dequantized weight transient:
+            # (x @ W_int8^T) * s == x @ (W_int8 * s)^T.
+            out = torch.nn.functional.linear(x, self.weight_int8.to(x.dtype)) * self.scale.to(x.dtype)
+            return out if self.bias is None else out + self.bias.to(x.dtype)
+
+    return Int8WeightOnlyLinear
+
+
+@functools.cache
+def _fp8_class() -> type:
+    import torch
+
+    class FP8Linear(torch.nn.Module):
+        """A linear layer with FP8 e4m3 weights (per-tensor scale) and dynamically scaled FP8 inputs."""
+
+        def __init__(self, weight_fp8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+            super().__init__()
+            self.in_features = weight_fp8.shape[1]
+            self.out_features = weight_fp8.shape[0]
+            self.register_buffer("weight_fp8", weight_fp8)
+            self.register_buffer("scale", scale)
+            self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
+
+        @classmethod
+        def from_linear(cls, linear: torch.nn.Linear) -> "FP8Linear":
+            weight = linear.weight.detach().float()
+            scale = (weight.abs().amax().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max).reshape(())
+            quantized = (weight / scale).to(torch.float8_e4m3fn)
+            return cls(quantized, scale.float(), linear.bias)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            shape = x.shape
+            flat = x.reshape(-1, shape[-1])
+            x_scale = (flat.abs().amax().float().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max).reshape(())
+            x_fp8 = (flat.float() / x_scale).to(torch.float8_e4m3fn)
+            out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+            out = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.scale, out_dtype=out_dtype)
+            out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+            return out if self.bias is None else out + self.bias.to(x.dtype)
+
+    return FP8Linear

@@ -25,6 +25,22 @@ QWEN3 = "vllm.model_executor.models.qwen3:Qwen3ForCausalLM"
 plain_lm = ARModel()
 capture_layer1_lm = ARModel(capture_hidden_states=True, capture_base=QWEN3, hidden_state_layer=1)
 capture_final_lm = ARModel(capture_hidden_states=True, capture_base=QWEN3)
+# Several layers at once, each under its own chunk key (layer 1 twice: keys may share a layer).
+capture_layers_lm = ARModel(
+    capture_hidden_states=True,
+    capture_base=QWEN3,
+    hidden_state_layers={"embeds": 0, "last": None, "layer1": 1, "again": 1},
+)
+
+
+class _OnlyEvenRequests(ARModel):
+    """Opts requests out of the captured rows by their input (`wants_hidden_states`)."""
+
+    def wants_hidden_states(self, stage_input: StageInput) -> bool:
+        return stage_input.params.get("seed", 0) % 2 == 0
+
+
+capture_some_lm = _OnlyEvenRequests(capture_hidden_states=True, capture_base=QWEN3, hidden_state_layer=1)
 embeds_lm = ARModel(enable_prompt_embeds=True)
 
 PROMPT_LENGTHS = (3, 9, 17, 30)
@@ -225,6 +241,39 @@ def test_final_hidden_state_capture(tiny_lm: Path, prompts, hf_greedy, hf_model)
         with torch.no_grad():
             expected = hf_model(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0]
         torch.testing.assert_close(chunk.data["hidden_states"], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_several_hidden_state_layers_match_transformers(tiny_lm: Path, prompts, hf_greedy, hf_model) -> None:
+    import torch
+
+    runtime = _runtime(tiny_lm, f"{__name__}:capture_layers_lm", streaming=True, max_num_batched_tokens=8)
+    try:
+        ids = _add_all(runtime, prompts, "layers")
+        chunks = _run(runtime)
+    finally:
+        runtime.close()
+    for rid, prompt, generated in zip(ids, prompts, hf_greedy):
+        sequence = prompt + generated[:-1]
+        with torch.no_grad():
+            states = hf_model(torch.tensor([sequence]), output_hidden_states=True).hidden_states
+        assert all("hidden_states" not in c.data for c in chunks[rid])
+        for key, layer in (("embeds", 0), ("last", -1), ("layer1", 1), ("again", 1)):
+            rows = torch.cat([c.data[key] for c in chunks[rid] if key in c.data])
+            assert rows.is_contiguous() and rows.shape == (len(sequence), hf_model.config.hidden_size)
+            torch.testing.assert_close(rows, states[layer][0], atol=1e-4, rtol=1e-4, msg=key)
+
+
+def test_model_part_can_drop_hidden_states_per_request(tiny_lm: Path, prompts, hf_greedy) -> None:
+    runtime = _runtime(tiny_lm, f"{__name__}:capture_some_lm", streaming=True)
+    try:
+        for seed in (0, 1):
+            runtime.add_request(f"seed-{seed}", StageInput(data={"prompt_token_ids": prompts[0]}, params=_greedy(seed=seed)))
+        chunks = _run(runtime)
+    finally:
+        runtime.close()
+    assert _tokens(chunks["seed-0"]) == _tokens(chunks["seed-1"]) == hf_greedy[0]
+    assert sum(c.data["hidden_states"].shape[0] for c in chunks["seed-0"]) == len(prompts[0]) + MAX_TOKENS - 1
+    assert all("hidden_states" not in c.data for c in chunks["seed-1"])
 
 
 def test_abort_frees_request(stream_runtime: ARStageRuntime, prompts, hf_greedy) -> None:

@@ -308,7 +308,7 @@ def reject(host: StandInHost, checkpoint: Path, key: str, *overrides: str, deplo
         ("thinker.replicas=two", "stages.thinker.replicas", "integer"),
         ("thinker.replicas=0", "stages.thinker.replicas", "at least 1"),
         ("thinker.replicas=1.5", "stages.thinker.replicas", "integer"),
-        ("thinker.placement=cloud", "stages.thinker.placement", "inline, process, ray"),
+        ("thinker.placement=cloud", "stages.thinker.placement", "inline, process"),
         ("thinker.max_num_seqs=many", "stages.thinker.options.max_num_seqs", "integer"),
         ("thinker.dtype=fp16", "stages.thinker.options.dtype", "bfloat16"),
         ("thinker.devices=cpu", "stages.thinker.devices", "a list"),

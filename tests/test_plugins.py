@@ -214,12 +214,12 @@ def test_hook_register_stage_runtimes_registers_and_rejects_duplicates() -> None
 
         @hookimpl
         def register_stage_runtimes(register: Callable[[str, str], None]) -> None:
-            register("diffusion", "omni_extra.diffusion:DiffusionStageRuntime")
+            register("world", "omni_extra.world:WorldStageRuntime")
             register("ar", "omni_extra.ar:OtherAR")
 
     host = host_with(Runtimes)
-    assert host.stage_runtime("diffusion") == "omni_extra.diffusion:DiffusionStageRuntime"
-    assert host.owner("stage runtime", "diffusion") == "Runtimes"
+    assert host.stage_runtime("world") == "omni_extra.world:WorldStageRuntime"
+    assert host.owner("stage runtime", "world") == "Runtimes"
     assert "ar" not in host.stage_runtimes
     with pytest.raises(PluginError, match="omni-core, Runtimes"):
         host.stage_runtime("ar")
@@ -247,14 +247,14 @@ def test_hook_register_quantization_resolvers() -> None:
 
         @hookimpl
         def register_quantization_resolvers(register: Callable[[str, str], None]) -> None:
-            register("int8", "omni_quant:resolve_int8")
+            register("awq", "omni_quant:resolve_awq")
 
     host = host_with(Quant)
-    assert host.quantization_resolver("int8") == "omni_quant:resolve_int8"
+    assert host.quantization_resolver("awq") == "omni_quant:resolve_awq"
     assert host.quantization_resolver("fp8") == "omni_core.quantization:resolve_fp8"
     with pytest.raises(UnknownNameError) as info:
         host.quantization_resolver("int4")
-    assert "fp8, int8" in str(info.value)
+    assert "awq, fp8, int8" in str(info.value)
 
 
 def test_hook_register_routes_collects_lazy_references() -> None:
@@ -328,8 +328,8 @@ def test_registries_are_read_only() -> None:
 
 def test_unknown_names_list_what_is_installed() -> None:
     host = host_with(families_plugin("q", QWEN))
-    with pytest.raises(UnknownNameError, match=r"unknown stage runtime 'diffusion'; installed: ar, generation"):
-        host.stage_runtime("diffusion")
+    with pytest.raises(UnknownNameError, match=r"unknown stage runtime 'world'; installed: ar, diffusion, generation"):
+        host.stage_runtime("world")
     with pytest.raises(UnknownNameError, match="qwen3-omni.*omni pipelines"):
         host.family("cosmos3")
 

@@ -30,6 +30,8 @@ class StageSpec:
       defined by the runtime kind.
     - `inputs`: upstream edges; a stage with none takes the request's processed input.
     - `output`: the user-facing modality this stage produces (``None``: internal stage).
+    - `extra_outputs`: more modalities the same stage can produce (e.g. a diffusion stage that
+      makes images, videos and their audio); a request wanting any of them runs the stage.
     - `output_adapter`: lazy reference to ``(chunk) -> dict`` mapping a chunk to the `OutputDelta`
       keys (see `omni_core.outputs.OutputDelta`); ``None`` passes the chunk data through.
     - `final`: completing this stage completes the request (a sink of the stage graph).
@@ -42,6 +44,7 @@ class StageSpec:
     model: str
     inputs: tuple[EdgeSpec, ...] = ()
     output: str | None = None
+    extra_outputs: tuple[str, ...] = ()
     output_adapter: str | None = None
     final: bool = False
     params: dict[str, Any] = attrs.field(factory=dict)

@@ -127,6 +127,7 @@ def resolve_pipeline(
                 model=spec.model,
                 inputs=inputs,
                 output=spec.output,
+                extra_outputs=tuple(spec.extra_outputs),
                 output_adapter=spec.output_adapter,
                 final=spec.final,
                 params=_plain(spec.params),
@@ -186,11 +187,12 @@ def check_pipeline(pipeline: PipelineConfig, plugins: PluginHost) -> None:
                 raise ConfigError(
                     f"more than one input from stage {source!r}", key=f"stages.{spec.name}.inputs"
                 )
-        if spec.output is not None and spec.output not in MODALITIES:
-            raise ConfigError(
-                f"output modality {spec.output!r} is not one of: {', '.join(MODALITIES)}",
-                key=f"stages.{spec.name}.output",
-            )
+        for output in (spec.output, *spec.extra_outputs):
+            if output is not None and output not in MODALITIES:
+                raise ConfigError(
+                    f"output modality {output!r} is not one of: {', '.join(MODALITIES)}",
+                    key=f"stages.{spec.name}.output",
+                )
     for modality in pipeline.default_modalities:
         if modality not in MODALITIES:
             raise ConfigError(

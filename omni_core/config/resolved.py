@@ -36,6 +36,7 @@ class ResolvedStage:
     model: str
     inputs: tuple[ResolvedEdge, ...] = ()
     output: str | None = None
+    extra_outputs: tuple[str, ...] = ()
     output_adapter: str | None = None
     final: bool = False
     params: dict[str, Any] = attrs.field(factory=dict)
@@ -44,6 +45,11 @@ class ResolvedStage:
     devices: tuple[str, ...] = ()
     load_balancer: str = "least_loaded"
     options: dict[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every modality this stage produces: `output`, then `extra_outputs`."""
+        return ((self.output,) if self.output else ()) + tuple(self.extra_outputs)
 
 
 @attrs.frozen
@@ -73,7 +79,7 @@ class ResolvedPipeline:
 
     @property
     def modalities(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(s.output for s in self.stages if s.output))
+        return tuple(dict.fromkeys(modality for s in self.stages for modality in s.outputs))
 
     def to_dict(self) -> dict[str, Any]:
         return _converter.unstructure(self)

@@ -15,7 +15,8 @@ class OmniResult:
     """Everything a request produced, by modality.
 
     `text`/`token_ids`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
-    (float32 samples) and `sample_rate` from the ``audio`` stage; `images`/`video` likewise.
+    (float32 samples) and `sample_rate`, `images`, `video`/`fps` and `actions` from whichever
+    stage sends those keys (a diffusion stage may send a video and its audio in one delta).
     `extra` keeps any other keys per stage (last value wins).
     """
 
@@ -29,6 +30,7 @@ class OmniResult:
     images: list[Any] = attrs.field(factory=list)
     video: Any = None
     fps: float | None = None
+    actions: Any = None
     extra: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _audio_parts: list[Any] = attrs.field(factory=list, repr=False)
 
@@ -41,7 +43,14 @@ class OmniResult:
             if prompt is not None and self.prompt_token_ids is None:
                 self.prompt_token_ids = [int(t) for t in prompt]
             self.finish_reason = data.pop("finish_reason", None) or self.finish_reason
-        elif delta.modality == "audio":
+        if delta.modality != "text":
+            self._add_media(data)
+        if data:
+            self.extra.setdefault(delta.stage, {}).update(data)
+
+    def _add_media(self, data: dict[str, Any]) -> None:
+        """Take the core's media keys out of `data` (see `omni_core.outputs.OutputDelta`)."""
+        if "audio" in data or "sample_rate" in data:
             audio = data.pop("audio", None)
             if audio is not None and len(audio):
                 self._audio_parts.append(_numpy(audio).reshape(-1))
@@ -50,17 +59,16 @@ class OmniResult:
                 import numpy as np
 
                 self.audio = np.concatenate(self._audio_parts).astype("float32", copy=False)
-        elif delta.modality == "image":
-            image = data.pop("image", None)
-            if image is not None:
-                self.images.extend(image if isinstance(image, list) else [image])
-        elif delta.modality == "video":
-            video = data.pop("video", None)
-            if video is not None:
-                self.video = video
-            self.fps = data.pop("fps", None) or self.fps
-        if data:
-            self.extra.setdefault(delta.stage, {}).update(data)
+        image = data.pop("image", None)
+        if image is not None:
+            self.images.extend(image if isinstance(image, list) else [image])
+        video = data.pop("video", None)
+        if video is not None:
+            self.video = video
+        self.fps = data.pop("fps", None) or self.fps
+        actions = data.pop("actions", None)
+        if actions is not None:
+            self.actions = actions
 
     @property
     def audio_duration(self) -> float | None:
@@ -69,7 +77,7 @@ class OmniResult:
         return len(self.audio) / self.sample_rate
 
     def save(self, directory: str | Path) -> dict[str, str]:
-        """Write media outputs as files a person opens (WAV, PNG); return their paths by kind."""
+        """Write media outputs as files a person opens (WAV, PNG, MP4 with the audio muxed); return their paths by kind."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         paths: dict[str, str] = {}
@@ -79,6 +87,12 @@ class OmniResult:
             path = out / f"{self.request_id}.wav"
             soundfile.write(path, self.audio, self.sample_rate, subtype="PCM_16")
             paths["audio"] = str(path)
+        if self.video is not None and not isinstance(self.video, list):
+            from omni_core.media import encode_mp4
+
+            path = out / f"{self.request_id}.mp4"
+            path.write_bytes(encode_mp4(_numpy(self.video), self.fps or 24.0, self.audio, self.sample_rate))
+            paths["video"] = str(path)
         for i, image in enumerate(self.images):
             from PIL import Image
 
@@ -95,6 +109,8 @@ class OmniResult:
             result["token_ids"] = self.token_ids
         if self.audio is not None:
             result["audio"] = {"path": (paths or {}).get("audio"), "sample_rate": self.sample_rate, "duration_s": self.audio_duration, "num_samples": int(len(self.audio))}
+        if self.video is not None and not isinstance(self.video, list):
+            result["video"] = {"path": (paths or {}).get("video"), "shape": list(_numpy(self.video).shape), "fps": self.fps}
         if self.images:
             result["images"] = [{"path": (paths or {}).get(f"image{i}" if i else "image"), "shape": list(_numpy(im).shape)} for i, im in enumerate(self.images)]
         return result

@@ -10,6 +10,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 from typing import Any, Callable
 
@@ -102,6 +103,9 @@ def _pump(conn: Any, inbox: queue.SimpleQueue) -> None:
 
 def _worker_main(pipeline_data: dict, stage_name: str, index: int, inbox_conn: Any, conn: Any, log_level: int) -> None:
     """Entry point of a stage worker process (spawned)."""
+    # Ctrl-C reaches the whole process group; the engine stops its workers itself (a Shutdown
+    # message, or EOF on the pipe if it dies), so a worker must not die mid-step on SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
     from omni_core.runtime.worker import StageWorker
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 import attrs
 
-from omni_core.server.encoding import encode_mp4
+from omni_core.media import encode_mp4
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.generation import Tracked
 from omni_core.server.protocol import ErrorDetail, VideoJob

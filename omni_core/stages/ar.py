@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
 
+# Input keys that already are a prompt; chat ``messages`` are rendered only without one of them.
+_PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds")
+
 _positive = [attrs.validators.instance_of(int), attrs.validators.gt(0)]
 
 
@@ -65,6 +68,7 @@ class _Request:
     chunks: int = 0
     hidden_parts: list[torch.Tensor] = attrs.field(factory=list)
     hidden_next: int = 0  # position of the next hidden-state row not yet received
+    capture: bool = True  # whether this request's chunks carry the captured rows
 
 
 def load_model_part(ref: str) -> ARModel:
@@ -165,6 +169,7 @@ class ARStageRuntime(StageRuntime):
             # Validate parameters now so a bad request fails at once, not when its input ends.
             self._model().sampling_params(stage_input.params, delta=self.streaming)
         request = _Request(params=dict(stage_input.params), data=dict(stage_input.data))
+        request.capture = self._model().capture_hidden_states and self._model().wants_hidden_states(stage_input)
         self._requests[request_id] = request
         if stage_input.final:
             self._start(request_id, request)
@@ -187,7 +192,10 @@ class ARStageRuntime(StageRuntime):
 
         model = self._model()
         try:
-            prompt = model.make_prompt(StageInput(data=request.data, params=request.params))
+            data = request.data
+            if data.get("messages") is not None and not any(data.get(k) is not None for k in _PROMPT_KEYS):
+                data = {**data, **model.chat_prompt(data["messages"], self._engine().get_tokenizer())}
+            prompt = model.make_prompt(StageInput(data=data, params=request.params))
             sampling = model.sampling_params(request.params, delta=self.streaming)
             internal_id = self._engine().add_request(request_id, prompt, sampling)
         except InvalidRequestError:
@@ -241,6 +249,7 @@ class ARStageRuntime(StageRuntime):
                 self._forget(request_id)
                 continue
             completion = output.outputs[0]
+            hidden = self._take_hidden(request) if request.capture else None
             delta = ARDelta(
                 request_id=request_id,
                 token_ids=list(completion.token_ids),
@@ -248,8 +257,9 @@ class ARStageRuntime(StageRuntime):
                 prompt_token_ids=self._prompt_ids(request, output) if request.chunks == 0 else None,
                 finish_reason=completion.finish_reason if output.finished else None,
                 stop_reason=completion.stop_reason if output.finished else None,
-                hidden_states=self._take_hidden(request) if model.capture_hidden_states else None,
+                hidden_states=None if hidden is None else (hidden if hidden.dim() == 2 else hidden[:, 0].contiguous()),
                 logprobs=_plain_logprobs(completion.logprobs),
+                layer_states=self._split_layers(model, hidden),
             )
             chunks.append(
                 Chunk(
@@ -274,7 +284,7 @@ class ARStageRuntime(StageRuntime):
         for rows in captured:
             request_id = self._by_internal.get(rows.request_id)
             request = self._requests.get(request_id) if request_id is not None else None
-            if request is None:
+            if request is None or not request.capture:
                 continue
             end = rows.start + rows.rows.shape[0]
             if end <= request.hidden_next:
@@ -293,6 +303,17 @@ class ARStageRuntime(StageRuntime):
         if request.data.get("prompt_embeds") is not None:
             return None
         return list(output.prompt_token_ids or [])
+
+    @staticmethod
+    def _split_layers(model: ARModel, hidden: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """``[n, n_layers, hidden]`` rows -> one ``[n, hidden]`` tensor per `capture_layers` key."""
+        if hidden is None:
+            return None
+        keys = list(model.capture_layers)
+        if hidden.dim() == 2:
+            return {keys[0]: hidden}
+        # Contiguous copies: connectors move whole buffers, not strided views.
+        return {key: hidden[:, i].contiguous() for i, key in enumerate(keys)}
 
     @staticmethod
     def _take_hidden(request: _Request) -> torch.Tensor | None:

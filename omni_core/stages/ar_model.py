@@ -29,7 +29,9 @@ class ARDelta:
     """What one engine step produced for one request, before `ARModel.chunk_data` shapes it.
 
     `prompt_token_ids` is set on the first delta only; `finish_reason` on the last one.
-    `hidden_states` ([n_rows, hidden]) holds the captured rows not delivered yet, when capture is on.
+    `hidden_states` ([n_rows, hidden]) holds the captured rows not delivered yet, when capture is on
+    (the first captured layer); `layer_states` holds them for every key of
+    `ARModel.capture_layers` (chunk keys -> rows).
     """
 
     request_id: str
@@ -40,6 +42,7 @@ class ARDelta:
     stop_reason: int | str | None = None
     hidden_states: torch.Tensor | None = None
     logprobs: Any = None
+    layer_states: dict[str, torch.Tensor] | None = None
 
 
 @attrs.define
@@ -56,6 +59,9 @@ class ARModel:
       model class must mix in `vllm_bridge.HiddenStateCapture`; with `capture_base` (a vLLM model
       class ``"module:Class"``) such a class is made and registered for you.
     - `hidden_state_layer`: None = final normed hidden state; k = after decoder layer k (0: embeddings).
+    - `hidden_state_layers`: several layers at once, ``chunk key -> layer`` (same meaning as
+      `hidden_state_layer`); each key becomes a chunk key with its ``[n, hidden]`` rows. Empty: the
+      one layer `hidden_state_layer` under ``hidden_states``.
     """
 
     subfolder: str | None = None
@@ -69,6 +75,20 @@ class ARModel:
     capture_hidden_states: bool = False
     hidden_state_layer: int | None = None
     capture_base: str | None = None
+    hidden_state_layers: dict[str, int | None] = attrs.field(factory=dict)
+
+    @property
+    def capture_layers(self) -> dict[str, int | None]:
+        """Chunk key -> captured layer, in the order the rows are recorded."""
+        return dict(self.hidden_state_layers) or {"hidden_states": self.hidden_state_layer}
+
+    def wants_hidden_states(self, stage_input: StageInput) -> bool:
+        """Whether this request's chunks carry the captured rows (when capture is on at all).
+
+        The model records rows for every request in the batch either way; a model part may drop
+        them for requests that do not need them (e.g. no downstream stage reads them).
+        """
+        return True
 
     @property
     def capture_architecture(self) -> str | None:
@@ -107,7 +127,8 @@ class ARModel:
             from omni_core.stages.vllm_bridge import CaptureSettings
 
             additional = dict(args.get("additional_config") or {})
-            additional.update(CaptureSettings(layer=self.hidden_state_layer).to_additional_config())
+            settings = CaptureSettings(layers=tuple(self.capture_layers.values()))
+            additional.update(settings.to_additional_config())
             args["additional_config"] = additional
         return args
 
@@ -159,6 +180,32 @@ class ARModel:
             prompt["multi_modal_data"] = data["multi_modal_data"]
         return prompt
 
+    def chat_prompt(self, messages: list[dict[str, Any]], tokenizer: Any) -> Payload:
+        """Chat messages (OpenAI format) -> ``{"prompt_token_ids": [...]}`` via the chat template.
+
+        Text content only (a string, or ``text`` parts joined): a stage whose LM takes images or
+        audio overrides this or gets its input from the family's input processor instead.
+        """
+        rendered = []
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if isinstance(content, list):
+                kinds = sorted({str(part.get("type")) for part in content if part.get("type") != "text"})
+                if kinds:
+                    raise InvalidRequestError(
+                        f"this model's language stage takes text only; content part type(s) {', '.join(kinds)} "
+                        "are not supported: send text parts or a string",
+                        param=f"messages.{i}.content",
+                    )
+                content = "".join(str(part.get("text", "")) for part in content)
+            rendered.append({**message, "content": content or ""})
+        try:
+            text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+        except ValueError as exc:  # no chat template in the checkpoint
+            raise InvalidRequestError(f"cannot apply the chat template: {exc}; send a plain prompt instead", param="messages") from exc
+        # The template already holds any special tokens; adding them again would change the prompt.
+        return {"prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))}
+
     def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
         """Merged per-request parameters -> vLLM `SamplingParams`; unknown keys are rejected."""
         from omni_core.stages.vllm_bridge import build_sampling_params
@@ -167,7 +214,8 @@ class ARModel:
 
     def chunk_data(self, delta: ARDelta) -> Payload:
         """What a chunk of this stage carries: `token_ids`, `text`, and once `prompt_token_ids`,
-        at the end `finish_reason`, plus `hidden_states` when captured."""
+        at the end `finish_reason`, plus the captured rows under the `capture_layers` keys
+        (``hidden_states`` by default)."""
         data: Payload = {"token_ids": list(delta.token_ids), "text": delta.text}
         if delta.prompt_token_ids is not None:
             data["prompt_token_ids"] = list(delta.prompt_token_ids)
@@ -175,7 +223,9 @@ class ARModel:
             data["finish_reason"] = delta.finish_reason
             if delta.stop_reason is not None:
                 data["stop_reason"] = delta.stop_reason
-        if delta.hidden_states is not None:
+        if delta.layer_states is not None:
+            data.update(delta.layer_states)
+        elif delta.hidden_states is not None:
             data["hidden_states"] = delta.hidden_states
         if delta.logprobs is not None:
             data["logprobs"] = delta.logprobs

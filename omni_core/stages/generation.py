@@ -228,7 +228,7 @@ class GenerationStageRuntime(StageRuntime):
                 raise StageError(self.stage.name, f"decode returned {len(outputs)} outputs for {len(items)} items")
             spf = model.samples_per_frame
             for item, output in zip(items, outputs):
-                expected = item.frames.shape[0] * spf
+                expected = item.frames.shape[0] * spf - model.trimmed_samples
                 if output.shape[0] < expected:
                     raise StageError(
                         self.stage.name,

@@ -89,6 +89,8 @@ class GenerationModel(abc.ABC):
     - `samples_per_frame`: output samples (dim 0 of the output) per input frame.
     - `output_key`: the key of the emitted chunks' data holding the samples.
     - `extra_outputs`: constant keys added to every emitted chunk (e.g. ``{"sample_rate": 24000}``).
+    - `trimmed_samples`: samples a decode yields fewer than ``frames * samples_per_frame`` (e.g.
+      causal transposed convolutions trimming their tail); each chunk is that much shorter.
     """
 
     input_key: str = "codes"
@@ -97,6 +99,7 @@ class GenerationModel(abc.ABC):
     left_context: int = 0
     samples_per_frame: int = 1
     extra_outputs: Mapping[str, Any] = types.MappingProxyType({})
+    trimmed_samples: int = 0
 
     @abc.abstractmethod
     def load(self, device: str, dtype: str) -> None:
@@ -106,7 +109,7 @@ class GenerationModel(abc.ABC):
     def decode(self, batch: DecodeBatch) -> Sequence[torch.Tensor] | torch.Tensor:
         """Decode every item with one forward.
 
-        Return, per item in order, at least ``len(item.frames) * samples_per_frame`` samples along
+        Return, per item in order, at least ``len(item.frames) * samples_per_frame - trimmed_samples`` samples along
         dim 0 (a padded ``[B, T_max * samples_per_frame, ...]`` tensor is fine: extra samples are
         cut). The runtime drops the first ``item.context * samples_per_frame`` samples.
         """

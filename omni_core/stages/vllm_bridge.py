@@ -194,19 +194,34 @@ def register_architectures(architectures: dict[str, str | type]) -> None:
 
 @attrs.frozen
 class CaptureSettings:
-    """What a `HiddenStateCapture` model records: `layer` None = final (normed) hidden state, k =
-    the residual stream after decoder layer k (0 = the input embeddings), as transformers'
-    `hidden_states[k]`."""
+    """Which hidden states a `HiddenStateCapture` model records per token, in order.
 
-    layer: int | None = None
+    Each entry of `layers` is None = the final (normed) hidden state, or k = the residual stream
+    after decoder layer k (0 = the input embeddings, after multimodal embeddings are merged), as
+    transformers' ``hidden_states[k]``. One layer records rows ``[n, hidden]``; several record
+    ``[n, len(layers), hidden]`` (one copy per step for all of them).
+    """
+
+    layers: tuple[int | None, ...] = (None,)
 
     def to_additional_config(self) -> dict[str, Any]:
-        return {CAPTURE_CONFIG_KEY: {"layer": self.layer}}
+        return {CAPTURE_CONFIG_KEY: {"layers": list(self.layers)}}
+
+    @classmethod
+    def from_additional_config(cls, raw: dict[str, Any]) -> CaptureSettings:
+        if "layers" in raw:
+            layers = tuple(None if layer is None else int(layer) for layer in raw["layers"])
+            return cls(layers=layers or (None,))
+        layer = raw.get("layer")  # the single-layer form
+        return cls(layers=(None if layer is None else int(layer),))
 
 
 @attrs.frozen
 class CapturedRows:
-    """Hidden states of `rows.shape[0]` consecutive tokens of one request starting at `start`."""
+    """Hidden states of `rows.shape[0]` consecutive tokens of one request starting at `start`.
+
+    `rows` is ``[n, hidden]`` for one captured layer, ``[n, n_layers, hidden]`` for several.
+    """
 
     request_id: str  # vLLM's internal request id
     start: int
@@ -217,39 +232,47 @@ class HiddenStateCapture:
     """Mixin for a vLLM model class (put it first in the bases) that records per-token hidden states.
 
     ``class MyCapturingLM(HiddenStateCapture, Qwen3ForCausalLM): pass`` then register it with
-    `ModelRegistry`. Settings come from vLLM's `additional_config[CAPTURE_CONFIG_KEY]`. A layer other
-    than the final one uses the model's `aux_hidden_state_layers` hook (models implementing vLLM's
-    `SupportsEagle3`). Rows are recorded only for real batches once `attach_capture()` connected the
-    model to its runner; dummy/profiling runs are ignored.
+    `ModelRegistry`. Settings (`CaptureSettings`) come from vLLM's
+    `additional_config[CAPTURE_CONFIG_KEY]`. Layers other than the final one use the model's
+    `aux_hidden_state_layers` hook (models implementing vLLM's `SupportsEagle3`). Rows are recorded
+    only for real batches once `attach_capture()` connected the model to its runner; dummy/profiling
+    runs are ignored. A model may override `omni_layer_states` to adjust what it records.
     """
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
         raw = (vllm_config.additional_config or {}).get(CAPTURE_CONFIG_KEY) or {}
-        self.omni_capture = CaptureSettings(layer=raw.get("layer"))
+        self.omni_capture = CaptureSettings.from_additional_config(raw)
         self.omni_captured: list[CapturedRows] = []
         self.omni_request_order: Callable[[], list[str]] | None = None
-        if self.omni_capture.layer is not None:
+        self.omni_request_state: Callable[[str], Any] = lambda req_id: None
+        # vLLM's hook sorts and de-duplicates the layers; aux output i is the i-th of this list.
+        self.omni_aux_layers: tuple[int, ...] = tuple(sorted({k for k in self.omni_capture.layers if k is not None}))
+        if self.omni_aux_layers:
             if not hasattr(self, "set_aux_hidden_state_layers"):
                 raise ConfigError(
-                    f"{type(self).__name__} cannot capture layer {self.omni_capture.layer}: its vLLM "
+                    f"{type(self).__name__} cannot capture layers {list(self.omni_aux_layers)}: its vLLM "
                     "base class has no aux_hidden_state_layers hook; capture the final hidden state "
                     "(hidden_state_layer=None) instead",
                     key="hidden_state_layer",
                 )
-            self.set_aux_hidden_state_layers((self.omni_capture.layer,))
+            self.set_aux_hidden_state_layers(self.omni_aux_layers)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         output = super().forward(*args, **kwargs)  # type: ignore[misc]
-        hidden = output
-        if isinstance(output, tuple):
-            # The aux-layer hook returns (final, [layer_k]); the runner expects the final only.
-            hidden, aux = output
-            captured = aux[0]
-        else:
-            captured = output
-        self._omni_record(captured)
+        hidden, aux = output if isinstance(output, tuple) else (output, [])
+        if self.omni_request_order is not None:
+            # The aux-layer hook returns (final, [layer_k, ...]); the runner expects the final only.
+            states = [hidden if k is None else aux[self.omni_aux_layers.index(k)] for k in self.omni_capture.layers]
+            states = self.omni_layer_states(self.omni_capture.layers, states)
+            import torch
+
+            self._omni_record(states[0] if len(states) == 1 else torch.stack(states, dim=1))
         return hidden
+
+    def omni_layer_states(self, layers: tuple[int | None, ...], states: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Hook: adjust the recorded states (one ``[n_tokens, hidden]`` per entry of `layers`)."""
+        return states
 
     def _omni_record(self, hidden: torch.Tensor) -> None:
         if self.omni_request_order is None:
@@ -293,6 +316,9 @@ def _attach(worker: Any) -> bool:
     # Read the persistent batch at forward time: its order is the row order of that forward
     # (the runner reorders it, e.g. decodes first, before building attention metadata).
     model.omni_request_order = lambda: runner.input_batch.req_ids
+    # Per-request state by internal id (prompt, output ids, SamplingParams.extra_args side
+    # inputs), None once the request finished: for models that need per-request side inputs.
+    model.omni_request_state = lambda req_id: runner.requests.get(req_id)
     return True
 
 

@@ -10,7 +10,7 @@ from omni_core.families import PipelineFamily
 FAMILY = PipelineFamily(
     name="qwen3-omni",
     pipeline="omni_qwen3.pipeline:build_pipeline",
-    architectures=("Qwen3OmniMoeForConditionalGeneration",),
+    architectures=("Qwen3OmniMoeForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
     model_types=("qwen3_omni_moe",),
     make_tiny="omni_qwen3.tiny:make_tiny",
     description="Qwen3-Omni (thinker -> talker -> code2wav): text, audio and image in; text and speech out",

@@ -1,0 +1,263 @@
+"""The ``diffusion`` stage runtime: batched denoising with step batching and cache acceleration.
+
+Requests are validated by the model part when they arrive (`DiffusionModel.prepare`) and wait in
+an admission queue. Each `step()` admits waiting samples while fewer than `max_num_seqs` are
+running (after a short admission window when the stage is idle, so requests arriving together
+start together), groups the running samples by their `batch_key` and runs ONE denoising step
+for every group, each sample at its own step: a new request joins a running batch at its step 0
+(step batching). Finished samples are decoded (batched per key) and their request gets one final
+chunk; with streaming on, every step also emits a non-final ``progress`` chunk per request.
+Aborting a request between steps frees its slots for the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any, Literal
+
+import attrs
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.errors import InvalidRequestError, StageError
+from omni_core.outputs import Chunk, StageInput
+from omni_core.refs import load_ref
+from omni_core.stages.base import ProgressCallback, StageRuntime
+from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
+from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+@attrs.frozen
+class DiffusionOptions:
+    """Deploy options of a ``diffusion`` stage.
+
+    - `max_num_seqs`: most samples denoised at once (a request with ``n`` images counts ``n``).
+    - `admission_window_ms`: when idle, how long the first request waits for others to start with it.
+    - `dtype`, `device` (``None``: the stage's first device, else CUDA when available, else CPU).
+    - `quantization`: a registered quantization resolver (``int8`` for CPU, ``fp8`` for GPU, ...)
+      applied to the DiT linears.
+    - `cache`: default cache acceleration (``none`` or ``first_block``), `cache_threshold` and
+      `cache_warmup_steps` its settings; a request may override them with its ``cache`` parameter.
+    - `vae_tiling` / `vae_tile`: decode in spatial tiles of `vae_tile` pixels (bounded memory).
+    - `progress`: emit a ``progress`` chunk per request per step (when streaming).
+    """
+
+    max_num_seqs: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    admission_window_ms: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
+    dtype: Dtype = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16")))
+    device: str | None = None
+    quantization: str | None = None
+    cache: str = attrs.field(default="none", validator=attrs.validators.in_(CACHE_MODES))
+    cache_threshold: float = attrs.field(default=0.1, validator=attrs.validators.ge(0))
+    cache_warmup_steps: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+    vae_tiling: bool = False
+    vae_tile: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(16)))
+    progress: bool = True
+
+
+@attrs.define
+class _Request:
+    samples: list[DiffusionSample]
+    outputs: dict[int, dict[str, Any]] = attrs.field(factory=dict)
+    chunks: int = 0
+
+
+class DiffusionStageRuntime(StageRuntime):
+    """Runs a `DiffusionModel` over many requests at once (kind ``diffusion``)."""
+
+    Options = DiffusionOptions
+    options: DiffusionOptions
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
+        super().__init__(pipeline, stage, replica)
+        self.model: DiffusionModel | None = None
+        self.cache_default = CacheConfig(
+            mode=self.options.cache, threshold=self.options.cache_threshold, warmup_steps=self.options.cache_warmup_steps  # type: ignore[arg-type]
+        )
+        self._requests: dict[str, _Request] = {}
+        self._waiting: OrderedDict[int, DiffusionSample] = OrderedDict()  # id(sample) -> sample, arrival order
+        self._running: list[DiffusionSample] = []
+        self._idle_since: float | None = None
+        self.batch_sizes: list[int] = []  # samples per forward, for tests and benchmarks
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        factory = load_ref(self.stage.model)
+        if isinstance(factory, DiffusionModel):
+            raise StageError(
+                self.stage.name,
+                f"model part {self.stage.model!r} is an instance; refer to a factory "
+                "(pipeline, stage) -> DiffusionModel instead (e.g. the class itself)",
+            )
+        model = factory(self.pipeline, self.stage)
+        if not isinstance(model, DiffusionModel):
+            raise StageError(
+                self.stage.name,
+                f"model part {self.stage.model!r} returned {type(model).__name__}; a diffusion stage needs "
+                "a omni_core.stages.diffusion_model.DiffusionModel",
+            )
+        if progress is not None:
+            progress(f"loading {self.stage.name}", 0.0)
+        model.load(
+            LoadSpec(
+                device=self._device(),
+                dtype=self.options.dtype,
+                quantization=self._quantization(),
+                vae_tiling=self.options.vae_tiling,
+                vae_tile=self.options.vae_tile,
+            )
+        )
+        self.model = model
+        if progress is not None:
+            progress(f"loaded {self.stage.name}", 1.0)
+
+    def _quantization(self) -> dict[str, Any] | None:
+        name = self.options.quantization
+        if name is None:
+            return None
+        from omni_core.plugins import default_plugins
+
+        resolver = load_ref(default_plugins().quantization_resolver(name))
+        return resolver("diffusion", dict(self.stage.options))
+
+    def _device(self) -> str:
+        if self.options.device is not None:
+            return self.options.device
+        if self.stage.devices:
+            return self.stage.devices[0]
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def close(self) -> None:
+        self._requests.clear()
+        self._waiting.clear()
+        self._running.clear()
+        if self.model is not None:
+            self.model.close()
+            self.model = None
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, stage_input: StageInput) -> None:
+        model = self._loaded()
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request {request_id!r} is already running in stage {self.stage.name!r}")
+        if not stage_input.final:
+            raise InvalidRequestError(f"stage {self.stage.name!r} takes its whole input at once (final=True)")
+        params = dict(stage_input.params)
+        cache = resolve_cache(self.cache_default, params.pop("cache", None))
+        samples = model.prepare(request_id, dict(stage_input.data), params)
+        if not samples:
+            raise StageError(self.stage.name, f"model part prepared no samples for request {request_id!r}")
+        for sample in samples:
+            if not 1 <= sample.total_steps <= model.max_steps:
+                raise InvalidRequestError(
+                    f"num_inference_steps must be between 1 and {model.max_steps}, got {sample.total_steps}",
+                    param="num_inference_steps",
+                )
+            sample.cache = CacheState(cache) if cache.enabled else None
+        self._requests[request_id] = _Request(samples)
+        for sample in samples:
+            self._waiting[id(sample)] = sample
+
+    def abort_request(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        for sample in request.samples:
+            self._waiting.pop(id(sample), None)
+        self._running = [s for s in self._running if s.request_id != request_id]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    # -- stepping --------------------------------------------------------------------------------
+
+    def step(self) -> list[Chunk]:
+        model = self._loaded()
+        if not self._admit():
+            return []
+        groups: dict[Any, list[DiffusionSample]] = {}
+        for sample in self._running:
+            groups.setdefault(sample.batch_key, []).append(sample)
+        for group in groups.values():
+            self.batch_sizes.append(len(group))
+            model.denoise(group)
+            for sample in group:
+                sample.step += 1
+        return self._emit()
+
+    def _admit(self) -> bool:
+        """Move waiting samples into the running batch; False to wait a bit longer for company."""
+        free = self.options.max_num_seqs - len(self._running)
+        if not self._running and self._waiting and len(self._waiting) < free:
+            # Idle stage: give requests sent together a moment to arrive, so they share every step.
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            remaining = self.options.admission_window_ms / 1000.0 - (now - self._idle_since)
+            if remaining > 0:
+                time.sleep(min(remaining, 0.002))  # short: the worker drains its inbox between steps
+                return False
+        self._idle_since = None
+        admitted: list[DiffusionSample] = []
+        while self._waiting and free > 0:
+            _, sample = self._waiting.popitem(last=False)
+            admitted.append(sample)
+            free -= 1
+        if admitted:
+            self._loaded().start(admitted)
+            for sample in admitted:
+                sample.started = True
+            self._running.extend(admitted)
+        return bool(self._running)
+
+    def _emit(self) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        finished = [s for s in self._running if s.done]
+        self._running = [s for s in self._running if not s.done]
+        by_key: dict[Any, list[DiffusionSample]] = {}
+        for sample in finished:
+            by_key.setdefault(sample.batch_key, []).append(sample)
+        for group in by_key.values():
+            payloads = self._loaded().decode(group)
+            for sample, payload in zip(group, payloads, strict=True):
+                self._requests[sample.request_id].outputs[sample.index] = payload
+        for request_id, request in list(self._requests.items()):
+            if len(request.outputs) == len(request.samples):
+                chunks.append(self._final(request_id, request))
+            elif self.streaming and self.options.progress and any(s.started for s in request.samples):
+                done = sum(s.step for s in request.samples)
+                total = sum(s.total_steps for s in request.samples)
+                chunks.append(Chunk(request_id, self.stage.name, request.chunks, {"progress": {"step": done, "total": total}}))
+                request.chunks += 1
+        return chunks
+
+    def _final(self, request_id: str, request: _Request) -> Chunk:
+        del self._requests[request_id]
+        outputs = [request.outputs[i] for i in sorted(request.outputs)]
+        data = dict(outputs[0])
+        if len(outputs) > 1:  # n samples: media keys become lists, one entry per sample
+            for key in ("image", "video", "audio", "actions"):
+                if key in data:
+                    data[key] = [out[key] for out in outputs]
+        cache = [s.cache for s in request.samples if s.cache is not None]
+        if cache:
+            data["cache"] = {
+                "computed_steps": sum(c.computed_steps for c in cache),
+                "skipped_steps": sum(c.skipped_steps for c in cache),
+            }
+        return Chunk(request_id, self.stage.name, request.chunks, data, final=True)
+
+    def _loaded(self) -> DiffusionModel:
+        if self.model is None:
+            raise StageError(self.stage.name, "the stage runtime is not loaded: call load() first")
+        return self.model

@@ -1,0 +1,134 @@
+"""Cache acceleration for diffusion transformers: first-block residual caching (TeaCache-style).
+
+Consecutive denoising steps change a DiT's hidden states slowly. Each step the model runs its first
+block and measures how much that block's output residual changed since the last step that ran
+the whole stack (relative L1). While the change accumulated since then stays under `threshold`,
+the remaining blocks are skipped and the residual they added last time is reused. The first
+`warmup_steps` steps and the last step always compute. ``threshold=0`` never skips (the output is
+then exactly the uncached one).
+
+The decision is per sample row, so a batch can mix rows that compute and rows that reuse: the
+model runs the remaining blocks only on the rows that compute. Selected per deploy (the
+``cache`` option of the diffusion stage) and per request (the ``cache`` stage parameter).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from omni_core.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import torch
+
+CacheMode = Literal["none", "first_block"]
+CACHE_MODES: tuple[str, ...] = ("none", "first_block")
+
+
+@attrs.frozen
+class CacheConfig:
+    """A resolved cache setting for one request."""
+
+    mode: CacheMode = "none"
+    threshold: float = 0.1
+    warmup_steps: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+
+def resolve_cache(default: CacheConfig, requested: Any) -> CacheConfig:
+    """Merge a request's ``cache`` parameter over the deploy's default.
+
+    Accepted: ``None`` (the default), ``false``/``"none"``/``"off"`` (off), ``true`` or
+    ``"first_block"`` (on), a number (on, with that threshold) or a mapping with ``mode``,
+    ``threshold``, ``warmup_steps``.
+    """
+    if requested is None:
+        return default
+    if requested is False or requested in ("none", "off"):
+        return attrs.evolve(default, mode="none")
+    if requested is True or requested == "first_block":
+        return attrs.evolve(default, mode="first_block")
+    if isinstance(requested, (int, float)) and not isinstance(requested, bool):
+        return _checked(attrs.evolve(default, mode="first_block", threshold=float(requested)))
+    if isinstance(requested, dict):
+        unknown = sorted(set(requested) - {"mode", "threshold", "warmup_steps"})
+        if unknown:
+            raise InvalidRequestError(f"unknown cache keys {unknown}; use mode, threshold, warmup_steps", param="cache")
+        mode = requested.get("mode", "first_block")
+        if mode not in CACHE_MODES:
+            raise InvalidRequestError(f"cache mode must be one of {CACHE_MODES}, got {mode!r}", param="cache")
+        try:
+            threshold = float(requested.get("threshold", default.threshold))
+            warmup = int(requested.get("warmup_steps", default.warmup_steps))
+        except (TypeError, ValueError):
+            raise InvalidRequestError("cache threshold must be a number and warmup_steps an integer", param="cache") from None
+        return _checked(CacheConfig(mode=mode, threshold=threshold, warmup_steps=warmup))
+    raise InvalidRequestError(
+        f"cache must be 'none', 'first_block', a threshold number or an object, got {requested!r}", param="cache"
+    )
+
+
+def _checked(config: CacheConfig) -> CacheConfig:
+    if config.threshold < 0 or config.warmup_steps < 0:
+        raise InvalidRequestError("cache threshold and warmup_steps must be >= 0", param="cache")
+    return config
+
+
+@attrs.define
+class CacheState:
+    """Per-row (sample x guidance branch) state of first-block caching."""
+
+    config: CacheConfig
+    previous_signal: dict[int, Any] = attrs.field(factory=dict)  # row -> first-block residual of the last computed step
+    residual: dict[int, Any] = attrs.field(factory=dict)  # row -> residual the skipped blocks added last time
+    accumulated: dict[int, float] = attrs.field(factory=dict)
+    computed_steps: int = 0
+    skipped_steps: int = 0
+
+
+def decide(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, step: list[int], total: list[int]) -> list[bool]:
+    """Which rows must run the remaining blocks this step.
+
+    `states[i]` is row i's (cache state, branch index); `signals[i]` its first-block residual;
+    `step`/`total` the row's sample's step and step count. Rows without cache state always compute.
+    """
+    compute: list[bool] = []
+    for i, (state, branch) in enumerate(states):
+        if state is None or not state.config.enabled:
+            compute.append(True)
+            continue
+        previous = state.previous_signal.get(branch)
+        must = (
+            previous is None
+            or branch not in state.residual
+            or step[i] < state.config.warmup_steps
+            or step[i] >= total[i] - 1
+        )
+        if not must:
+            change = float((signals[i] - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
+            accumulated = state.accumulated.get(branch, 0.0) + change
+            if accumulated < state.config.threshold:
+                state.accumulated[branch] = accumulated
+                compute.append(False)
+                continue
+        compute.append(True)
+    return compute
+
+
+def record(state: CacheState | None, branch: int, signal: torch.Tensor, residual: torch.Tensor | None) -> None:
+    """After a step: remember a computing row's signal and residual (``None``: the row reused)."""
+    if state is None or not state.config.enabled:
+        return
+    if residual is not None:
+        state.previous_signal[branch] = signal.detach().clone()
+        state.residual[branch] = residual.detach().clone()
+        state.accumulated[branch] = 0.0
+        if branch == 0:
+            state.computed_steps += 1
+    elif branch == 0:
+        state.skipped_steps += 1

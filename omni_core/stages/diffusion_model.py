@@ -1,0 +1,108 @@
+"""The model part of a ``diffusion`` stage: what a diffusion family implements.
+
+A family supplies a factory ``(pipeline: ResolvedPipeline, stage: ResolvedStage) -> DiffusionModel``
+as the stage's ``model`` reference (the class itself is the usual factory). The
+`DiffusionStageRuntime` owns scheduling: it validates and admits requests, groups the running ones by
+`DiffusionSample.batch_key` and calls `DiffusionModel.denoise` once per group per step, so requests
+at *different* denoising steps share one forward (step batching), and decodes finished samples.
+The model owns the math: its per-sample state (latents, scheduler, conditioning) lives in
+`DiffusionSample.state`, and `denoise` runs ONE batched forward for the group (classifier-free
+guidance branches are rows of that batch too).
+
+torch is imported lazily: this module is imported by the core at discovery time.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from omni_core.stages.diffusion_cache import CacheState
+
+
+@attrs.define(eq=False)
+class DiffusionSample:
+    """One sample being denoised (a request asking for ``n`` images has ``n`` samples).
+
+    - `total_steps`: denoising steps of this sample; `step` counts those done.
+    - `batch_key`: samples with equal keys can share a forward (e.g. equal latent shapes); the
+      runtime never puts samples with different keys into one `denoise` call.
+    - `state`: the model's private per-sample state.
+    - `cache`: cache-acceleration state when the request enabled it (see `diffusion_cache`).
+    """
+
+    request_id: str
+    index: int
+    total_steps: int
+    batch_key: Hashable
+    state: Any = None
+    step: int = 0
+    cache: CacheState | None = None
+    started: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.total_steps
+
+
+@attrs.frozen
+class LoadSpec:
+    """How the runtime asks a model part to load itself.
+
+    - `quantization`: the resolved quantization spec for DiT linears (what the configured resolver
+      returned, e.g. ``{"method": "int8_weight_only"}``), or ``None``.
+    - `vae_tiling`: decode in spatial tiles (bounded memory for large outputs); `vae_tile` is the
+      tile size in pixels (``None``: the VAE's default).
+    """
+
+    device: str
+    dtype: str
+    quantization: dict[str, Any] | None = None
+    vae_tiling: bool = False
+    vae_tile: int | None = None
+
+
+class DiffusionModel(abc.ABC):
+    """What a ``diffusion`` stage's model part does.
+
+    `max_steps` bounds a request's denoising steps (more is rejected before any work starts).
+    """
+
+    max_steps: int = 1000
+
+    @abc.abstractmethod
+    def load(self, spec: LoadSpec) -> None:
+        """Load the transformer(s), VAE(s), scheduler and tokenizer; apply `spec.quantization`."""
+
+    @abc.abstractmethod
+    def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
+        """Validate a request and build its samples (no forward pass yet).
+
+        Raise `omni_core.errors.InvalidRequestError` (naming the parameter) for anything this model
+        cannot do: the runtime calls this in ``add_request``, before any work starts.
+        """
+
+    def start(self, samples: list[DiffusionSample]) -> None:
+        """One-off work for newly admitted samples, batched (e.g. encoding the prompts once)."""
+
+    @abc.abstractmethod
+    def denoise(self, samples: list[DiffusionSample]) -> None:
+        """Advance every sample (all share one `batch_key`) by one denoising step, with one forward.
+
+        Samples may be at different steps. The runtime increments `DiffusionSample.step` afterwards.
+        """
+
+    @abc.abstractmethod
+    def decode(self, samples: list[DiffusionSample]) -> list[dict[str, Any]]:
+        """Decode finished samples (one `batch_key`) into output payloads, one per sample.
+
+        Payload keys are the core's output keys: ``image`` (HxWx3 uint8), ``video`` (TxHxWx3
+        uint8), ``fps``, ``audio`` (float32 samples), ``sample_rate``, ``actions``.
+        """
+
+    def close(self) -> None:
+        """Release weights and device memory."""

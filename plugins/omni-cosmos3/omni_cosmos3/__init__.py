@@ -1,0 +1,1 @@
+"""Cosmos3 for Omni: diffusers' `Cosmos3OmniPipeline` checkpoints served by the diffusion runtime."""

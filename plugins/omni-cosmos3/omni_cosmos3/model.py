@@ -1,0 +1,452 @@
+"""The Cosmos3 model part of the ``diffusion`` stage: diffusers' Cosmos3 components, denoised in batches.
+
+`Cosmos3OmniPipeline` runs one sample per call and one transformer forward per guidance branch.
+This model part reproduces its denoising loop for many samples at once, on the same diffusers
+modules (`Cosmos3OmniTransformer`, `AutoencoderKLWan`, `Cosmos3AVAEAudioTokenizer`,
+`UniPCMultistepScheduler`) loaded from the same checkpoint:
+
+- The transformer is a Mixture-of-Transformers: a causal *reasoner* (understanding) tower over the
+  prompt tokens and a *generator* tower over the vision/sound tokens, which attends to the
+  reasoner's keys/values. The reasoner never sees the generator, so its keys/values are the same
+  at every step: they are computed once per request and guidance branch (`start`) and reused.
+- Each step, the generator tower runs once for every row of the batch (sample x guidance branch),
+  rows padded to the longest prompt and masked; requests at different steps share the forward.
+- Samples with equal latent shapes (and sound lengths) share a forward: that is the batch key.
+- Classifier-free guidance, per-sample schedulers (UniPC keeps history) and the VAE decode follow
+  the pipeline exactly, so each request's output equals the pipeline run alone on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.errors import InvalidRequestError, MissingDependencyError
+from omni_core.stages import diffusion_cache
+from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+from omni_cosmos3.tasks import TASKS, Request, parse_request
+
+
+@attrs.define
+class _Row:
+    """One guidance branch of a sample: its prompt ids, positions and the reasoner's keys/values."""
+
+    input_ids: list[int]
+    text_positions: torch.Tensor  # [3, N]
+    gen_positions: torch.Tensor  # [3, M]
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: keys for gen [N, kvh, hd], values
+
+
+@attrs.define
+class _State:
+    request: Request
+    rows: list[_Row]
+    latents: torch.Tensor  # [1, C, T, h, w] float32
+    scheduler: Any
+    sound_latents: torch.Tensor | None = None  # [Cs, Ts] float32
+    sound_scheduler: Any = None
+
+
+class Cosmos3Model(DiffusionModel):
+    """The ``generator`` stage's model part (also its factory: ``Cosmos3Model(pipeline, stage)``)."""
+
+    max_steps = 1000
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> None:
+        self.path = Path(pipeline.model_path)
+        self.pipe: Any = None
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def load(self, spec: LoadSpec) -> None:
+        try:
+            from diffusers import Cosmos3OmniPipeline
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise MissingDependencyError(f"Cosmos3 needs diffusers>=0.42: pip install 'diffusers>=0.42' ({exc})") from None
+
+        self.dtype = getattr(torch, spec.dtype)
+        kwargs: dict[str, Any] = {"enable_safety_checker": False}
+        if self.dtype != torch.float32:
+            kwargs["torch_dtype"] = self.dtype
+        pipe = Cosmos3OmniPipeline.from_pretrained(str(self.path), **kwargs)
+        self.device = torch.device(spec.device)
+        pipe.to(self.device)
+        pipe.set_progress_bar_config(disable=True)
+        if spec.quantization is not None:
+            from omni_core.quantization import quantize_linears
+
+            # Only the towers' blocks: the modality projections and time embedding are small and precision-sensitive.
+            quantize_linears(pipe.transformer, spec.quantization, skip=lambda name: not name.startswith("layers."))
+        if spec.vae_tiling:
+            tile = spec.vae_tile
+            if tile is None:
+                pipe.vae.enable_tiling()
+            else:
+                pipe.vae.enable_tiling(
+                    tile_sample_min_height=tile, tile_sample_min_width=tile,
+                    tile_sample_stride_height=tile * 3 // 4, tile_sample_stride_width=tile * 3 // 4,
+                )
+        self.pipe = pipe
+        config = pipe.transformer.config
+        self.patch = int(config.latent_patch_size)
+        self.sf_spatial = int(pipe.vae_scale_factor_spatial)
+        self.sf_temporal = int(pipe.vae_scale_factor_temporal)
+        self.has_sound = pipe.sound_tokenizer is not None and bool(getattr(config, "sound_gen", False))
+
+    def close(self) -> None:
+        self.pipe = None
+
+    @property
+    def transformer(self) -> Any:
+        """The loaded `Cosmos3OmniTransformer` (both towers)."""
+        return self.pipe.transformer
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
+        request = parse_request(data, params, pixels_per_token=self.sf_spatial * self.patch, temporal_factor=self.sf_temporal)
+        if request.sound and not self.has_sound:
+            raise InvalidRequestError(
+                f"task {request.task!r} needs a checkpoint with a sound tokenizer and sound_gen; this one has none",
+                param="task",
+            )
+        if request.num_inference_steps > self.max_steps:
+            raise InvalidRequestError(
+                f"num_inference_steps must be between 1 and {self.max_steps}, got {request.num_inference_steps}",
+                param="num_inference_steps",
+            )
+        pipe = self.pipe
+        cond_ids, uncond_ids = pipe.tokenize_prompt(
+            request.prompt,
+            request.negative_prompt,
+            num_frames=request.num_frames,
+            height=request.height,
+            width=request.width,
+            fps=request.fps,
+            use_system_prompt=request.use_system_prompt,
+        )
+        seed = request.seed if request.seed is not None else random.randrange(2**31)
+        samples = []
+        for index in range(request.n):
+            state = self._new_state(request, cond_ids, uncond_ids, seed + index)
+            key = (tuple(state.latents.shape), 0 if state.sound_latents is None else int(state.sound_latents.shape[1]))
+            samples.append(DiffusionSample(request_id, index, len(state.scheduler.timesteps), key, state))
+        return samples
+
+    def _new_state(self, request: Request, cond_ids: list[int], uncond_ids: list[int], seed: int) -> _State:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        pipe = self.pipe
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        latent_shape = (
+            1,
+            int(self.transformer.config.latent_channel),
+            (request.num_frames - 1) // self.sf_temporal + 1,
+            request.height // self.sf_spatial,
+            request.width // self.sf_spatial,
+        )
+        # The pipeline mixes the (all-zero) conditioning with the noise under an all-zero mask:
+        # for text-to-image/video that is the noise itself.
+        latents = randn_tensor(latent_shape, generator=generator, device=self.device, dtype=torch.float32)
+        sound = None
+        if request.sound:
+            hop = pipe.sound_tokenizer._hop_size
+            samples = int(request.num_frames / request.fps * pipe.sound_tokenizer.config.sampling_rate)
+            sound_shape = (int(self.transformer.config.sound_dim), (samples + hop - 1) // hop)
+            sound = randn_tensor(sound_shape, generator=generator, device=self.device, dtype=torch.float32)
+        scheduler = copy.deepcopy(pipe.scheduler)
+        if pipe.config.use_native_flow_schedule:
+            sigmas = np.linspace(1.0 - 1.0 / scheduler.config.num_train_timesteps, 0.0, request.num_inference_steps + 1)[:-1]
+            scheduler.set_timesteps(request.num_inference_steps, device=self.device, sigmas=sigmas)
+        else:
+            scheduler.set_timesteps(request.num_inference_steps, device=self.device)
+        branches = [cond_ids] + ([uncond_ids] if request.guidance_scale != 1.0 else [])
+        rows = [self._row(ids, latent_shape, sound, request.fps) for ids in branches]
+        return _State(
+            request=request,
+            rows=rows,
+            latents=latents,
+            scheduler=scheduler,
+            sound_latents=sound,
+            sound_scheduler=copy.deepcopy(scheduler) if sound is not None else None,
+        )
+
+    def _row(self, input_ids: list[int], latent_shape: tuple[int, ...], sound: torch.Tensor | None, fps: float) -> _Row:
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_text_tokens, get_3d_mrope_ids_vae_tokens
+
+        config = self.transformer.config
+        modulated = bool(config.enable_fps_modulation)
+        text_positions, next_offset = get_3d_mrope_ids_text_tokens(len(input_ids), 0, use_float_positions=modulated)
+        offset = next_offset + config.unified_3d_mrope_temporal_modality_margin
+        _, _, latent_t, latent_h, latent_w = latent_shape
+        vision, _ = get_3d_mrope_ids_vae_tokens(
+            grid_t=latent_t,
+            grid_h=math.ceil(latent_h / self.patch),
+            grid_w=math.ceil(latent_w / self.patch),
+            temporal_offset=offset,
+            reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
+            fps=fps if modulated else None,
+            base_fps=float(config.base_fps),
+            temporal_compression_factor=self.sf_temporal,
+        )
+        parts = [vision]
+        if sound is not None:
+            sound_positions, _ = get_3d_mrope_ids_vae_tokens(
+                grid_t=int(sound.shape[1]),
+                grid_h=1,
+                grid_w=1,
+                temporal_offset=offset,
+                reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
+                fps=float(config.sound_latent_fps) if modulated else None,
+                base_fps=float(config.base_fps),
+                temporal_compression_factor=1,
+            )
+            parts.append(sound_positions)
+        dtype = torch.float32 if any(p.is_floating_point() for p in parts) or text_positions.is_floating_point() else torch.long
+        gen_positions = torch.cat([p.to(dtype) for p in parts], dim=1)
+        return _Row(list(input_ids), text_positions.to(self.device), gen_positions.to(self.device))
+
+    # -- the reasoner tower, once per request ------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, samples: list[DiffusionSample]) -> None:
+        rows = [row for sample in samples for row in sample.state.rows]
+        transformer = self.transformer
+        lengths = [len(row.input_ids) for row in rows]
+        n_max = max(lengths)
+        ids = torch.zeros(len(rows), n_max, dtype=torch.long, device=self.device)
+        positions = torch.zeros(3, len(rows), n_max, dtype=rows[0].text_positions.dtype, device=self.device)
+        for i, row in enumerate(rows):
+            ids[i, : lengths[i]] = torch.tensor(row.input_ids, device=self.device)
+            positions[:, i, : lengths[i]] = row.text_positions
+        hidden = transformer.embed_tokens(ids)
+        cos, sin = transformer.rotary_emb(position_ids=positions, device=self.device, dtype=hidden.dtype)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        per_layer: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in transformer.layers:
+            attn = layer.self_attn
+            normed = layer.input_layernorm(hidden)
+            q = attn.norm_q(attn.to_q(normed).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
+            k = attn.norm_k(attn.to_k(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
+            v = attn.to_v(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))
+            k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
+            q, k, k_for_gen = (_rope(x, cos, sin) for x in (q, k, k_for_gen))
+            per_layer.append((k_for_gen, v))
+            # Right padding is harmless under a causal mask: real tokens never see the padding.
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )
+            hidden = hidden + attn.to_out(out.transpose(1, 2).flatten(-2))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        for i, row in enumerate(rows):
+            row.kv = [(k[i, : lengths[i]].clone(), v[i, : lengths[i]].clone()) for k, v in per_layer]
+
+    # -- one denoising step for a group ------------------------------------------------------------
+
+    @torch.inference_mode()
+    def denoise(self, samples: list[DiffusionSample]) -> None:
+        transformer = self.transformer
+        config = transformer.config
+        states: list[_State] = [s.state for s in samples]
+        timesteps = [s.state.scheduler.timesteps[s.step] for s in samples]
+        row_sample = [i for i, st in enumerate(states) for _ in st.rows]
+        rows = [row for st in states for row in st.rows]
+
+        # Generator-tower input per sample (identical for its guidance branches).
+        latents = torch.cat([st.latents for st in states]).to(self.dtype)  # [S, C, T, h, w]
+        tokens = transformer.proj_in(_patchify(latents, self.patch))
+        time_dtype = next(transformer.time_embedder.parameters()).dtype
+        scaled = torch.tensor([t.item() for t in timesteps], device=self.device) * config.timestep_scale
+        temb = transformer.time_embedder(transformer.time_proj(scaled).to(time_dtype)).to(tokens.dtype)[:, None]
+        parts = [tokens + temb]
+        if states[0].sound_latents is not None:
+            sound = torch.stack([st.sound_latents for st in states]).transpose(1, 2).to(tokens.dtype)
+            parts.append(transformer.audio_proj_in(sound) + transformer.audio_modality_embed + temb)
+        num_vision = tokens.shape[1]
+        gen = torch.cat(parts, dim=1)[row_sample]  # [B, M, H]
+
+        positions = torch.stack([row.gen_positions for row in rows], dim=1)  # [3, B, M]
+        cos, sin = transformer.rotary_emb(position_ids=positions, device=self.device, dtype=gen.dtype)
+        context = _Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), gen.shape[1], self.device)
+
+        cache_rows = [(samples[row_sample[i]].cache, _branch(rows, row_sample, i)) for i in range(len(rows))]
+        if any(state is not None for state, _ in cache_rows):
+            gen = self._cached_stack(gen, context, cache_rows, samples, row_sample)
+        else:
+            for index, layer in enumerate(transformer.layers):
+                gen = _generator_layer(layer, gen, context, index)
+        gen = transformer.norm_moe_gen(gen)
+
+        preds_vision = _unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
+        preds_sound = None
+        if states[0].sound_latents is not None:
+            preds_sound = transformer.audio_proj_out(gen[:, num_vision:]).transpose(1, 2)  # [B, Cs, Ts]
+
+        first = 0
+        for sample, state, t in zip(samples, states, timesteps):
+            count = len(state.rows)
+            velocity = _guided(preds_vision[first : first + count].float(), state.request.guidance_scale)
+            state.latents = state.scheduler.step(
+                velocity.unsqueeze(0).unsqueeze(0), t, state.latents.unsqueeze(0), return_dict=False
+            )[0].squeeze(0)
+            if preds_sound is not None:
+                velocity = _guided(preds_sound[first : first + count].float(), state.request.guidance_scale)
+                state.sound_latents = state.sound_scheduler.step(
+                    velocity.unsqueeze(0), t, state.sound_latents.unsqueeze(0), return_dict=False
+                )[0].squeeze(0)
+            first += count
+
+    def _cached_stack(self, gen: torch.Tensor, context: "_Context", cache_rows: list, samples: list[DiffusionSample], row_sample: list[int]) -> torch.Tensor:
+        """First-block caching: run block 0 everywhere, the rest only on rows whose input changed enough."""
+        layers = list(self.transformer.layers)
+        before = gen
+        gen = _generator_layer(layers[0], gen, context, 0)
+        signal = gen - before
+        steps = [samples[i].step for i in row_sample]
+        totals = [samples[i].total_steps for i in row_sample]
+        compute = diffusion_cache.decide(cache_rows, signal, steps, totals)
+        index = [i for i, c in enumerate(compute) if c]
+        out = gen.clone()
+        if index:
+            sub = context.select(index)
+            rest = gen[index]
+            for layer_index, layer in enumerate(layers[1:], start=1):
+                rest = _generator_layer(layer, rest, sub, layer_index)
+            out[index] = rest
+        for i, (state, branch) in enumerate(cache_rows):
+            if state is None:
+                continue
+            if compute[i]:
+                diffusion_cache.record(state, branch, signal[i], out[i] - gen[i])
+            else:
+                out[i] = gen[i] + state.residual[branch]
+                diffusion_cache.record(state, branch, signal[i], None)
+        return out
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def decode(self, samples: list[DiffusionSample]) -> list[dict[str, Any]]:
+        pipe = self.pipe
+        vae_dtype = pipe.vae.dtype
+        latents = torch.cat([s.state.latents for s in samples])
+        mean = pipe._vae_latents_mean.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
+        inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
+        decoded = pipe.vae.decode(latents.to(vae_dtype) / inv_std + mean).sample.to(latents.dtype)
+        videos = pipe.video_processor.postprocess_video(decoded, output_type="np")  # [S, T, H, W, 3] in [0, 1]
+        payloads = []
+        for sample, frames in zip(samples, videos):
+            request: Request = sample.state.request
+            pixels = np.clip(np.round(np.asarray(frames) * 255.0), 0, 255).astype(np.uint8)
+            payload: dict[str, Any] = {"task": request.task}
+            if request.task == "t2i":
+                payload["image"] = pixels[0]
+            else:
+                payload["video"] = pixels
+                payload["fps"] = float(request.fps)
+            if sample.state.sound_latents is not None:
+                waveform = pipe.decode_sound(sample.state.sound_latents).float()  # [channels, N]
+                payload["audio"] = waveform.mean(dim=0).cpu().numpy().astype(np.float32)  # mono mix-down
+                payload["sample_rate"] = int(pipe.sound_tokenizer.config.sampling_rate)
+            payloads.append(payload)
+        return payloads
+
+
+# -- tensor helpers ------------------------------------------------------------------------------
+
+
+def _branch(rows: list[_Row], row_sample: list[int], i: int) -> int:
+    """Guidance branch of row i within its sample (0: conditional)."""
+    return i - row_sample.index(row_sample[i])
+
+
+def _guided(preds: torch.Tensor, scale: float) -> torch.Tensor:
+    if preds.shape[0] == 1:
+        return preds[0]
+    cond, uncond = preds[0], preds[1]
+    return uncond + scale * (cond - uncond)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _patchify(latents: torch.Tensor, p: int) -> torch.Tensor:
+    """[S, C, T, H, W] -> [S, T*H/p*W/p, p*p*C], the transformer's token order."""
+    s, c, t, h, w = latents.shape
+    x = latents.reshape(s, c, t, h // p, p, w // p, p)
+    return torch.einsum("bcthpwq->bthwpqc", x).reshape(s, -1, p * p * c)
+
+
+def _unpatchify(tokens: torch.Tensor, shape: torch.Size, p: int) -> torch.Tensor:
+    """[B, T*H/p*W/p, p*p*C] -> [B, C, T, H, W]."""
+    c, t, h, w = shape
+    x = tokens.reshape(tokens.shape[0], t, h // p, w // p, p, p, c)
+    return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, h, w)
+
+
+@attrs.define
+class _Context:
+    """Per-row attention context of a generator step: padded reasoner keys/values and positions."""
+
+    keys: list[torch.Tensor]  # per layer [B, N_max, kvh, hd]
+    values: list[torch.Tensor]
+    mask: torch.Tensor  # [B, 1, 1, N_max + M] True where a key is real
+    cos: torch.Tensor  # [B, M, 1, hd]
+    sin: torch.Tensor
+
+    @classmethod
+    def build(cls, rows: list[_Row], cos: torch.Tensor, sin: torch.Tensor, gen_len: int, device: torch.device) -> "_Context":
+        lengths = [row.kv[0][0].shape[0] for row in rows]
+        n_max = max(lengths)
+        keys, values = [], []
+        for layer in range(len(rows[0].kv)):
+            k0, v0 = rows[0].kv[layer]
+            k = k0.new_zeros(len(rows), n_max, *k0.shape[1:])
+            v = v0.new_zeros(len(rows), n_max, *v0.shape[1:])
+            for i, row in enumerate(rows):
+                k[i, : lengths[i]], v[i, : lengths[i]] = row.kv[layer]
+            keys.append(k)
+            values.append(v)
+        mask = torch.ones(len(rows), n_max + gen_len, dtype=torch.bool, device=device)
+        for i, length in enumerate(lengths):
+            mask[i, length:n_max] = False
+        return cls(keys, values, mask[:, None, None, :], cos, sin)
+
+    def select(self, index: list[int]) -> "_Context":
+        return _Context(
+            [k[index] for k in self.keys], [v[index] for v in self.values], self.mask[index], self.cos[index], self.sin[index]
+        )
+
+
+def _generator_layer(layer: Any, gen: torch.Tensor, context: _Context, index: int) -> torch.Tensor:
+    """One decoder layer's generator pathway (`Cosmos3VLTextMoTDecoderLayer`), batched over rows."""
+    attn = layer.self_attn
+    normed = layer.input_layernorm_moe_gen(gen)
+    q = attn.norm_added_q(attn.add_q_proj(normed).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
+    k = attn.norm_added_k(attn.add_k_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
+    v = attn.add_v_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))
+    q, k = _rope(q, context.cos, context.sin), _rope(k, context.cos, context.sin)
+    keys = torch.cat([context.keys[index], k], dim=1)
+    values = torch.cat([context.values[index], v], dim=1)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=context.mask, enable_gqa=True
+    )
+    gen = gen + attn.to_add_out(out.transpose(1, 2).flatten(-2))
+    return gen + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(gen))
+
+
+__all__ = ["Cosmos3Model", "TASKS"]

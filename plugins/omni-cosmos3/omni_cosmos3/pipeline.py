@@ -1,0 +1,83 @@
+"""The Cosmos3 family's pipeline: ONE diffusion stage holding both towers, and its input processor.
+
+Stage ``generator`` (kind ``diffusion``, `omni_cosmos3.model.Cosmos3Model`) produces images,
+videos and the videos' audio. Its stage parameters: ``num_inference_steps``, ``guidance_scale``,
+``negative_prompt``, ``fps``, ``num_frames``, ``task`` (``t2i``, ``t2v``, ``t2va``), ``cache``.
+Request fields (`OmniRequest.extra`: ``size`` as (width, height), ``seconds``, ``seed``, ``n``)
+and the wanted modalities become the stage's input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_core.config.pipeline import PipelineConfig, StageSpec
+from omni_core.config.resolved import ResolvedPipeline
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import StageInput
+
+STAGE = "generator"
+DEFAULT_DEPLOY = "omni_cosmos3:deploy/default.yaml"
+EXTRA_FIELDS = ("size", "seconds", "seed", "n")
+
+
+def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
+    """The pipeline of a diffusers ``Cosmos3OmniPipeline`` checkpoint."""
+    return PipelineConfig(
+        family="cosmos3",
+        stages=(
+            StageSpec(
+                name=STAGE,
+                kind="diffusion",
+                model="omni_cosmos3.model:Cosmos3Model",
+                output="video",
+                extra_outputs=("image", "audio"),
+                final=True,
+            ),
+        ),
+        input_processor="omni_cosmos3.pipeline:Cosmos3InputProcessor",
+        default_deploy=DEFAULT_DEPLOY,
+        default_modalities=("image",),
+    )
+
+
+def task_for(modalities: tuple[str, ...]) -> str:
+    """The task the wanted modalities ask for: video (+ audio) beats image."""
+    if "video" in modalities or "audio" in modalities:
+        return "t2va" if "audio" in modalities else "t2v"
+    return "t2i"
+
+
+class Cosmos3InputProcessor:
+    """Request -> the ``generator`` stage's input: the prompt, the task and the request fields."""
+
+    def __init__(self, pipeline: ResolvedPipeline) -> None:
+        self.default_modalities = pipeline.default_modalities
+
+    def __call__(self, request: Any) -> dict[str, StageInput]:
+        prompt = request.prompt
+        if prompt is None and request.messages:
+            prompt = _last_user_text(request.messages)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InvalidRequestError("Cosmos3 needs a text prompt", param="prompt")
+        modalities = tuple(request.modalities or self.default_modalities)
+        data: dict[str, Any] = {"prompt": prompt, "task": task_for(modalities)}
+        for key in EXTRA_FIELDS:
+            if request.extra.get(key) is not None:
+                data[key] = request.extra[key]
+        if "size" in data:
+            data["size"] = tuple(data["size"])
+        return {STAGE: StageInput(data=data, final=True)}
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str | None:
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            return " ".join(texts) or None
+    return None

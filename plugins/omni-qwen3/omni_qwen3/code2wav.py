@@ -1,0 +1,106 @@
+"""The Qwen3-Omni ``code2wav`` stage's model part: codec frames ``[T, Q]`` -> 24 kHz waveform.
+
+Wraps transformers' ``Qwen3OmniMoeCode2Wav`` loaded from the checkpoint's ``code2wav.*`` tensors.
+Chunking equals the reference: ``generate`` decodes with ``chunked_decode(300, 25)``, so the
+streaming defaults are chunk 300 / left context 25, which reproduce it exactly. The decoder's
+pre-transformer attends over a 72-frame sliding window (beyond a 25-frame context) and its causal
+transposed convolutions trim a fixed number of trailing samples per decode (`trimmed_samples`),
+so another chunking gives a different (equally valid) waveform, not the reference's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from omni_core.errors import InvalidRequestError
+from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+
+SAMPLE_RATE = 24000
+
+
+class Code2WavModel(GenerationModel):
+    """Batched code2wav decode: one forward over the right-padded chunks of many requests.
+
+    Right padding is safe: the model is causal (its attention mask and convolutions look back
+    only), so each item's samples do not depend on the padding after it.
+    """
+
+    input_key = "codes"
+    output_key = "audio"
+    chunk_size = 300
+    left_context = 25
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage | None = None) -> None:
+        from omni_qwen3.talker import read_config
+
+        self.model_path = pipeline.model_path
+        config = read_config(self.model_path)["code2wav_config"]
+        self.num_quantizers = int(config["num_quantizers"])
+        self.codebook_size = int(config["codebook_size"])
+        total = 1
+        for factor in list(config["upsample_rates"]) + list(config["upsampling_ratios"]):
+            total *= int(factor)
+        self.samples_per_frame = total
+        self.extra_outputs = {"sample_rate": SAMPLE_RATE}
+        self.model: Any = None
+        self.device = "cpu"
+        self.trimmed_samples = 0
+
+    def load(self, device: str, dtype: str) -> None:
+        import torch
+        from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+        from omni_qwen3.talker import read_config, read_tensors
+
+        config = Qwen3OmniMoeCode2WavConfig(**read_config(self.model_path)["code2wav_config"])
+        config._attn_implementation = "sdpa"
+        model = Qwen3OmniMoeCode2Wav(config)
+        names = [f"code2wav.{name}" for name in model.state_dict()]
+        tensors = read_tensors(self.model_path, names)
+        model.load_state_dict({name[len("code2wav.") :]: tensor for name, tensor in tensors.items()})
+        self.model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
+        self.device = device
+        with torch.inference_mode():
+            probe = self.model(torch.zeros((1, self.num_quantizers, 1), dtype=torch.long, device=device))
+        # Causal transposed convolutions drop the same number of trailing samples per decode.
+        self.trimmed_samples = self.samples_per_frame - int(probe.shape[-1])
+
+    def to_frames(self, value: Any) -> torch.Tensor:
+        import torch
+
+        frames = super().to_frames(value)
+        if frames.ndim != 2 or frames.shape[1] != self.num_quantizers:
+            raise InvalidRequestError(
+                f"'codes' must be frames [T, {self.num_quantizers}], got shape {tuple(frames.shape)}", param="codes"
+            )
+        if frames.is_floating_point():
+            raise InvalidRequestError("'codes' must be integer codec ids", param="codes")
+        if frames.numel() and (int(frames.min()) < 0 or int(frames.max()) >= self.codebook_size):
+            raise InvalidRequestError(f"'codes' must be in [0, {self.codebook_size})", param="codes")
+        return frames.to(dtype=torch.long)
+
+    def check(self, item: DecodeItem) -> None:
+        if self.model is None:
+            raise RuntimeError("code2wav is not loaded")
+
+    def decode(self, batch: DecodeBatch) -> Sequence[torch.Tensor]:
+        import torch
+
+        padded, lengths = batch.padded(pad_value=0, device=self.device)
+        with torch.inference_mode():
+            wav = self.model(padded.transpose(1, 2))[:, 0]
+        return [
+            wav[row, : int(length) * self.samples_per_frame - self.trimmed_samples].float()
+            for row, length in enumerate(lengths.tolist())
+        ]
+
+
+def code2wav_model(pipeline: ResolvedPipeline, stage: ResolvedStage) -> Code2WavModel:
+    """The code2wav stage's model part factory (one per replica)."""
+    return Code2WavModel(pipeline, stage)

@@ -1,0 +1,313 @@
+"""The Qwen3-Omni input processor: an `OmniRequest` -> the thinker's prompt and the talker's voice.
+
+Messages come in OpenAI chat format (``content`` a string or parts ``text``, ``image_url`` with a
+``data:`` URL, ``input_audio`` with base64 wav/mp3/flac, ``video_url``), or with the Qwen-Omni parts
+the offline API may pass directly (``{"type": "audio", "audio": <16 kHz float array>}``,
+``{"type": "image", "image": <PIL image>}``). The checkpoint's chat template turns them into the
+prompt; the thinker stage gets its token ids (one placeholder per image/audio, which vLLM's
+processor expands) and the decoded media as vLLM ``multi_modal_data``. The prompt's expanded length
+is worked out here so that an over-long prompt fails before anything runs.
+
+Video is not supported where torchvision is missing (transformers' video processors need it), so
+a video part is an `InvalidRequestError`, as is any input that cannot be decoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+from typing import TYPE_CHECKING, Any
+
+from omni_core.config.modelref import read_hf_config
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import StageInput
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from omni_core.config.resolved import ResolvedPipeline
+    from omni_core.engine.request import OmniRequest
+
+AUDIO_SAMPLE_RATE = 16000
+DEFAULT_SPEAKER = "Ethan"
+SPEECH_SYSTEM_PROMPT = (
+    "You are a text-to-speech voice. Repeat the user's text exactly, word for word, and say nothing else."
+)
+THINKER = "thinker"
+TALKER = "talker"
+
+
+class Qwen3OmniInputProcessor:
+    """Turns requests into stage inputs for the ``thinker`` (and the voice for the ``talker``).
+
+    Built once per engine from the resolved pipeline (tokenizer and processor settings load on the
+    first request); called in a worker thread per request.
+    """
+
+    def __init__(self, pipeline: ResolvedPipeline) -> None:
+        self.pipeline = pipeline
+        self.model_path = pipeline.model_path
+        self.config = read_hf_config(pipeline.model_path)
+        thinker = self.config.get("thinker_config", self.config)
+        self.text_config: dict[str, Any] = thinker.get("text_config", {})
+        talker = self.config.get("talker_config") or {}
+        self.speakers: dict[str, int] = dict(talker.get("speaker_id") or {})
+        self.stage_names = {stage.name for stage in pipeline.stages}
+        options = pipeline.stage(THINKER).options if THINKER in self.stage_names else {}
+        self.max_model_len = int(options.get("max_model_len") or self.text_config.get("max_position_embeddings") or 32768)
+        self._tokenizer: Any = None
+        self._image_processor: Any = None
+        self._hop_length: int | None = None
+
+    # -- the request -----------------------------------------------------------------------------
+
+    def __call__(self, request: OmniRequest) -> dict[str, StageInput]:
+        modalities = tuple(request.modalities or self.pipeline.default_modalities)
+        messages = self._messages(request)
+        template_messages, audios, images = self._parse(messages)
+        tokenizer = self.tokenizer
+        text = tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
+        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        self._check_length(token_ids, audios, images)
+        data: dict[str, Any] = {"prompt_token_ids": token_ids, "capture_hidden": "audio" in modalities}
+        media: dict[str, Any] = {}
+        if audios:
+            media["audio"] = [(audio, AUDIO_SAMPLE_RATE) for audio in audios]
+        if images:
+            media["image"] = images
+        if media:
+            data["multi_modal_data"] = media
+        inputs = {THINKER: StageInput(data=data)}
+        if TALKER in self.stage_names:
+            inputs[TALKER] = StageInput(params={"speaker": self._speaker(request)})
+        return inputs
+
+    def _messages(self, request: OmniRequest) -> list[dict[str, Any]]:
+        if request.extra.get("task") == "speech":
+            text = request.prompt if request.prompt is not None else _plain_text(request.messages or [])
+            if not isinstance(text, str) or not text.strip():
+                raise InvalidRequestError("text to speech needs non-empty input text", param="input")
+            return [{"role": "system", "content": SPEECH_SYSTEM_PROMPT}, {"role": "user", "content": text}]
+        if request.messages is not None:
+            if not isinstance(request.messages, list) or not request.messages:
+                raise InvalidRequestError("messages must be a non-empty list", param="messages")
+            return request.messages
+        if isinstance(request.prompt, str):
+            return [{"role": "user", "content": request.prompt}]
+        raise InvalidRequestError("a request needs a prompt (string) or messages", param="prompt")
+
+    def _speaker(self, request: OmniRequest) -> str:
+        voice = request.extra.get("voice")
+        if voice is None:
+            default = DEFAULT_SPEAKER if DEFAULT_SPEAKER.lower() in self.speakers else None
+            return default or (sorted(self.speakers)[0] if self.speakers else DEFAULT_SPEAKER)
+        if not isinstance(voice, str) or (self.speakers and voice.lower() not in self.speakers):
+            raise InvalidRequestError(
+                f"unknown voice {voice!r}; this model's voices are {sorted(self.speakers)}", param="voice"
+            )
+        return voice
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def _parse(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+        """Messages -> chat-template messages (Qwen parts), audio arrays and images, in order."""
+        out: list[dict[str, Any]] = []
+        audios: list[Any] = []
+        images: list[Any] = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise InvalidRequestError(f"messages[{i}] must be an object with a 'role'", param="messages")
+            content = message.get("content")
+            if content is None or isinstance(content, str):
+                out.append({"role": message["role"], "content": content or ""})
+                continue
+            if not isinstance(content, list):
+                raise InvalidRequestError(f"messages[{i}].content must be a string or a list of parts", param="messages")
+            parts: list[dict[str, Any]] = []
+            for j, part in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    parts.append({"type": "text", "text": part["text"]})
+                elif kind == "image_url":
+                    images.append(_decode_image_url(part.get("image_url"), where))
+                    parts.append({"type": "image"})
+                elif kind == "image" and part.get("image") is not None:
+                    images.append(_as_image(part["image"], where))
+                    parts.append({"type": "image"})
+                elif kind == "input_audio":
+                    audios.append(_decode_input_audio(part.get("input_audio"), where))
+                    parts.append({"type": "audio"})
+                elif kind == "audio" and part.get("audio") is not None:
+                    audios.append(_as_mono_16k(part["audio"], AUDIO_SAMPLE_RATE, where))
+                    parts.append({"type": "audio"})
+                elif kind in ("video_url", "video"):
+                    raise InvalidRequestError(
+                        f"{where}: video input is not supported here (transformers' video processor needs "
+                        "torchvision, which is not installed); send audio or images",
+                        param="messages",
+                    )
+                else:
+                    raise InvalidRequestError(
+                        f"{where}: unsupported content part {kind!r}; use text, image_url (data: URL) or "
+                        "input_audio (base64 wav/mp3/flac)",
+                        param="messages",
+                    )
+            out.append({"role": message["role"], "content": parts})
+        return out, audios, images
+
+    # -- lengths ---------------------------------------------------------------------------------
+
+    def _check_length(self, token_ids: list[int], audios: list[Any], images: list[Any]) -> None:
+        """Reject a prompt whose expanded length (placeholders -> encoder outputs) leaves no room."""
+        length = len(token_ids) + sum(self._audio_tokens(a) - 1 for a in audios)
+        length += sum(self._image_tokens(im) - 1 for im in images)
+        if length >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt is {length} tokens (with its audio and images) but the thinker's context is "
+                f"{self.max_model_len}: shorten the input or raise the thinker's max_model_len",
+                param="messages",
+            )
+
+    def _audio_tokens(self, audio: np.ndarray) -> int:
+        from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+        frames = len(audio) // self.hop_length  # the Whisper extractor drops the last STFT frame
+        return int(_get_feat_extract_output_lengths(_np().asarray(frames)))
+
+    def _image_tokens(self, image: Any) -> int:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        processor = self.image_processor
+        patch, merge = processor.patch_size, processor.merge_size
+        height, width = smart_resize(
+            image.height, image.width, factor=patch * merge,
+            min_pixels=processor.size["shortest_edge"], max_pixels=processor.size["longest_edge"],
+        )
+        return (height // patch) * (width // patch) // (merge * merge)
+
+    # -- lazily loaded parts ---------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    @property
+    def image_processor(self) -> Any:
+        if self._image_processor is None:
+            from transformers import Qwen2VLImageProcessorPil
+
+            self._image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.model_path)
+        return self._image_processor
+
+    @property
+    def hop_length(self) -> int:
+        if self._hop_length is None:
+            from transformers import WhisperFeatureExtractor
+
+            self._hop_length = int(WhisperFeatureExtractor.from_pretrained(self.model_path).hop_length)
+        return self._hop_length
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
+
+
+def _plain_text(messages: list[dict[str, Any]]) -> str:
+    texts: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "\n".join(texts)
+
+
+def _b64decode(data: Any, where: str) -> bytes:
+    if not isinstance(data, str) or not data:
+        raise InvalidRequestError(f"{where}: expected base64 data", param="messages")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequestError(f"{where}: invalid base64 data ({exc})", param="messages") from None
+
+
+def _decode_image_url(value: Any, where: str) -> Any:
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise InvalidRequestError(
+            f"{where}: image_url must be a data: URL (data:image/png;base64,...); remote URLs are not fetched",
+            param="messages",
+        )
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise InvalidRequestError(f"{where}: image data URLs must be base64 encoded", param="messages")
+    raw = _b64decode(payload, where)
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise InvalidRequestError(f"{where}: cannot decode the image ({exc})", param="messages") from None
+    return image.convert("RGB")
+
+
+def _as_image(image: Any, where: str) -> Any:
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
+    return image.convert("RGB")
+
+
+def _decode_input_audio(value: Any, where: str) -> np.ndarray:
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{where}: input_audio must be an object with 'data' and 'format'", param="messages")
+    raw = _b64decode(value.get("data"), where)
+    import soundfile
+
+    try:
+        samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
+        raise InvalidRequestError(
+            f"{where}: cannot decode the audio as wav/mp3/flac ({exc})", param="messages"
+        ) from None
+    if samples.shape[0] == 0:
+        raise InvalidRequestError(f"{where}: the audio is empty", param="messages")
+    return _as_mono_16k(samples.mean(axis=1), int(rate), where)
+
+
+def _as_mono_16k(audio: Any, rate: int, where: str) -> np.ndarray:
+    np = _np()
+    array = np.asarray(audio, dtype=np.float32)
+    if array.ndim != 1 or array.size == 0 or not np.isfinite(array).all():
+        raise InvalidRequestError(f"{where}: audio must be a non-empty 1-D array of finite samples", param="messages")
+    if rate == AUDIO_SAMPLE_RATE:
+        return array
+    return resample(array, rate, AUDIO_SAMPLE_RATE)
+
+
+def resample(audio: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """Band-limited (FFT) resampling of a 1-D signal from `rate` to `target` Hz (no scipy needed)."""
+    np = _np()
+    n_out = max(1, int(math.ceil(len(audio) * target / rate)))
+    spectrum = np.fft.rfft(audio.astype(np.float64))
+    bins = n_out // 2 + 1
+    if bins <= spectrum.shape[0]:
+        spectrum = spectrum[:bins]
+    else:
+        spectrum = np.concatenate([spectrum, np.zeros(bins - spectrum.shape[0], dtype=spectrum.dtype)])
+    return (np.fft.irfft(spectrum, n=n_out) * (n_out / len(audio))).astype(np.float32)

@@ -1,0 +1,220 @@
+"""The model part of the Qwen3-Omni ``talker`` stage (kind ``ar``): codec frames on vLLM.
+
+The vLLM model class is `omni_qwen3.talker_model.Qwen3OmniTalkerForCausalLM`. This module says
+how the `ar` runtime starts it (the talker slice of the one checkpoint, prompt embeddings, no
+tokenizer), turns the edge adapter's input into an embeddings prompt plus per-request side inputs
+(speaker, trailing text), and shapes chunks as ``codes`` ``[n_frames, num_code_groups]``.
+Also here: `TalkerWeights`, the few small talker tensors the thinker -> talker edge needs.
+Nothing heavy is imported at module import.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from omni_core.errors import ConfigError, InvalidRequestError
+from omni_core.outputs import Payload, StageInput
+from omni_core.stages.ar_model import ARDelta, ARModel
+
+if TYPE_CHECKING:
+    import torch
+    from vllm import SamplingParams
+
+    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+
+DEFAULT_SPEAKER = "Ethan"
+# Request parameters of the talker that are not vLLM sampling parameters.
+SPEAKER_PARAM = "speaker"
+SIDE_INPUTS_PARAM = "talker_side_inputs"
+# Codec ids generate() suppresses: the last 1024 of the talker vocabulary, except codec EOS.
+SUPPRESSED_TAIL = 1024
+
+
+def read_config(model_path: str | Path) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict."""
+    path = Path(model_path) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the Qwen3-Omni config {path}: {exc}; point the model at a checkpoint directory") from exc
+
+
+def read_tensors(model_path: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Read a few named tensors from the checkpoint's safetensors files (sharded or not)."""
+    from safetensors import safe_open
+
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = {name: weight_map.get(name) for name in names}
+    else:
+        files = {name: "model.safetensors" for name in names}
+    missing = sorted(name for name, file in files.items() if file is None)
+    if missing:
+        raise ConfigError(f"checkpoint {root} lacks tensors {missing}: is it a full Qwen3-Omni checkpoint?")
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted({f for f in files.values() if f}):
+        with safe_open(str(root / file), "pt") as handle:
+            for name, owner in files.items():
+                if owner == file:
+                    out[name] = handle.get_tensor(name)
+    return out
+
+
+def speaker_id(config: dict[str, Any], speaker: str) -> int:
+    """The codec id of a speaker name (case-insensitive); `InvalidRequestError` names the choices."""
+    speakers: dict[str, int] = config["talker_config"].get("speaker_id") or {}
+    found = speakers.get(str(speaker).lower())
+    if found is None:
+        raise InvalidRequestError(
+            f"unknown speaker {speaker!r}; this checkpoint has {sorted(speakers)}", param=SPEAKER_PARAM
+        )
+    return int(found)
+
+
+class TalkerWeights:
+    """The talker's small input modules, loaded once from the checkpoint (float32, CPU).
+
+    `text_projection` / `hidden_projection` map thinker rows to the talker's width; `codec_embedding`
+    is the talker's codec table; `thinker_embedding(ids)` reads rows of the thinker's token table
+    (the tts special tokens are embedded with it before projection).
+    """
+
+    def __init__(self, model_path: str | Path) -> None:
+        import torch
+        from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTalkerConfig
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerResizeMLP
+
+        self.config = read_config(model_path)
+        talker_config = Qwen3OmniMoeTalkerConfig(**self.config["talker_config"])
+        names = [
+            f"talker.{module}.{layer}.{kind}"
+            for module in ("text_projection", "hidden_projection")
+            for layer in ("linear_fc1", "linear_fc2")
+            for kind in ("weight", "bias")
+        ]
+        names += ["talker.model.codec_embedding.weight", "thinker.model.embed_tokens.weight"]
+        tensors = {name: t.to(torch.float32) for name, t in read_tensors(model_path, names).items()}
+        self.text_projection = Qwen3OmniMoeTalkerResizeMLP(talker_config).to(torch.float32).eval()
+        self.hidden_projection = Qwen3OmniMoeTalkerResizeMLP(talker_config).to(torch.float32).eval()
+        for name, module in (("text_projection", self.text_projection), ("hidden_projection", self.hidden_projection)):
+            module.load_state_dict({k[len(f"talker.{name}.") :]: v for k, v in tensors.items() if k.startswith(f"talker.{name}.")})
+        self.codec_embedding = tensors["talker.model.codec_embedding.weight"]
+        self._thinker_embedding = tensors["thinker.model.embed_tokens.weight"]
+
+    def thinker_embedding(self, ids: list[int]) -> torch.Tensor:
+        import torch
+
+        return self._thinker_embedding[torch.as_tensor(ids, dtype=torch.long)]
+
+
+@attrs.define
+class TalkerModel(ARModel):
+    """The talker stage's `ARModel`: embeddings prompt, side inputs in `extra_args`, ``codes`` chunks.
+
+    Its input (from `omni_qwen3.edges.ThinkerToTalker`): ``prompt_embeds`` ``[P, H]`` without the
+    speaker's codec embedding, ``speaker_row`` (where it goes), and the params
+    ``talker_side_inputs`` (``trailing`` ``[T, H]``, ``tts_pad`` ``[H]``, optional
+    ``mrope_positions`` ``[3, P]`` / ``mrope_delta``). The speaker is the ``speaker`` parameter.
+    """
+
+    skip_tokenizer_init: bool = True
+    enable_prompt_embeds: bool = True
+    capture_hidden_states: bool = True
+    _config: dict[str, Any] | None = attrs.field(default=None, init=False)
+    _codec_embedding: Any = attrs.field(default=None, init=False)
+    _checkpoint: str | None = attrs.field(default=None, init=False)
+
+    def register(self) -> None:
+        from omni_core.stages import vllm_bridge
+        from omni_qwen3.talker_model import ARCHITECTURE
+
+        vllm_bridge.register_architectures({ARCHITECTURE: "omni_qwen3.talker_model:Qwen3OmniTalkerForCausalLM"})
+
+    def engine_args(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, Any]:
+        from omni_qwen3.talker_model import talker_hf_config
+
+        args = super().engine_args(pipeline, stage)
+        self._checkpoint = str(args["model"])
+        self._config = read_config(self._checkpoint)
+        # A callable: the talker is a sub-config of the one checkpoint's config.
+        args["hf_overrides"] = talker_hf_config
+        return args
+
+    def config(self) -> dict[str, Any]:
+        if self._config is None:
+            raise RuntimeError("the talker model part is not loaded: engine_args() reads the checkpoint first")
+        return self._config
+
+    def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
+        import torch
+
+        data = stage_input.data
+        embeds = data.get("prompt_embeds")
+        if embeds is None:
+            raise InvalidRequestError(
+                "the talker stage takes 'prompt_embeds' from the thinker -> talker edge adapter "
+                f"(omni_qwen3.edges:ThinkerToTalker); got keys {sorted(data)}",
+                param="prompt_embeds",
+            )
+        embeds = torch.as_tensor(embeds).to(torch.float32).clone()
+        row = data.get("speaker_row")
+        if row is not None:
+            speaker = stage_input.params.get(SPEAKER_PARAM) or DEFAULT_SPEAKER
+            embeds[int(row)] += self._speaker_embedding(speaker_id(self.config(), speaker))
+        return {"prompt_embeds": embeds}
+
+    def _speaker_embedding(self, codec_id: int) -> torch.Tensor:
+        if self._codec_embedding is None:
+            assert self._checkpoint is not None
+            name = "talker.model.codec_embedding.weight"
+            self._codec_embedding = read_tensors(self._checkpoint, [name])[name].float()
+        return self._codec_embedding[codec_id]
+
+    def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
+        from omni_core.stages.vllm_bridge import build_sampling_params
+        from omni_qwen3.talker_model import SIDE_INPUTS_KEY
+
+        params = dict(params)
+        speaker = params.pop(SPEAKER_PARAM, None)
+        side = params.pop(SIDE_INPUTS_PARAM, None)
+        config = self._config
+        if config is not None:
+            talker = config["talker_config"]
+            if speaker is not None:
+                speaker_id(config, speaker)  # reject an unknown speaker before anything starts
+            eos = int(talker["codec_eos_token_id"])
+            vocab = int(talker["text_config"]["vocab_size"])
+            params["stop_token_ids"] = sorted({eos, *(params.get("stop_token_ids") or [])})
+            if params.get("allowed_token_ids") is None:
+                params["allowed_token_ids"] = [*range(vocab - SUPPRESSED_TAIL), eos]
+        sampling = build_sampling_params(params, delta=delta)
+        if side is not None:
+            sampling.extra_args = {**(sampling.extra_args or {}), SIDE_INPUTS_KEY: side}
+        return sampling
+
+    def chunk_data(self, delta: ARDelta) -> Payload:
+        """``codes`` ``[n_frames, num_code_groups]`` (int64) per step, and the finish reason."""
+        import torch
+
+        data: Payload = {}
+        rows = delta.hidden_states
+        if rows is not None and rows.numel():
+            codes = rows[rows[:, 0] >= 0]
+        else:
+            groups = int(self.config()["talker_config"]["num_code_groups"])
+            codes = torch.zeros((0, groups), dtype=torch.long)
+        data["codes"] = codes
+        if delta.finish_reason is not None:
+            data["finish_reason"] = delta.finish_reason
+        return data
+
+
+def talker_model() -> TalkerModel:
+    """The talker stage's model part (a fresh instance per stage replica)."""
+    return TalkerModel()

@@ -1,0 +1,275 @@
+"""The Qwen3-Omni Talker as a vLLM model class (registered out of tree by `omni_qwen3.talker`).
+
+vLLM's own `Qwen3MoeForCausalLM` is the talker's language model (shared expert and router map
+natively): `talker.model.codec_embedding` is its `embed_tokens`, `talker.codec_head` its `lm_head`.
+vLLM samples codebook 0; this class adds what a codec frame needs on top, inside `forward`:
+
+- For every generated codebook-0 token fed back (a decode row), the code predictor turns the
+  previous step's final hidden state and that token's embedding into codebooks 1..N-1, in one
+  fixed-shape batched loop over all such rows of the batch.
+- The row's input embedding becomes the sum of the frame's codec embeddings plus the request's
+  trailing text embedding for that step (`tts_pad` once the text ran out), as transformers'
+  ``Qwen3OmniMoeTalkerForConditionalGeneration.prepare_inputs_for_generation`` builds it.
+- Frames are kept per request and position, so recomputing a preempted request (its generated
+  tokens come back as a prefill) reuses them: the result does not depend on scheduling.
+- Each row's frame leaves through the bridge's capture side channel (`HiddenStateCapture`'s rows:
+  ``[rows, num_code_groups]`` int64, -1 for prompt rows), which the `ar` runtime drains per step.
+
+Per-request side inputs (trailing text, tts_pad, optional M-RoPE positions) come in
+``SamplingParams.extra_args[SIDE_INPUTS_KEY]`` (see `omni_qwen3.talker.TalkerModel`).
+This module imports vLLM and transformers: load it only in a worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from vllm.model_executor.models.interfaces import SupportsMRoPE
+from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+
+from omni_core.stages.vllm_bridge import CapturedRows, HiddenStateCapture
+
+ARCHITECTURE = "OmniQwen3OmniTalkerForCausalLM"
+SIDE_INPUTS_KEY = "omni_qwen3_talker"
+
+_NO_CODE = -1  # frame value of prompt rows in the side channel
+
+
+def talker_hf_config(config: Any) -> Any:
+    """`hf_overrides` for vLLM: the full Qwen3-Omni config -> its talker config, our architecture."""
+    talker = getattr(config, "talker_config", config)
+    talker.architectures = [ARCHITECTURE]
+    return talker
+
+
+class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, SupportsMRoPE):
+    """The talker LM plus its code predictor; emits one codec frame per decode row."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration,
+        )
+
+        talker_config = vllm_config.model_config.hf_config
+        predictor_config = talker_config.code_predictor_config
+        predictor_config._attn_implementation = "sdpa"
+        self.num_code_groups = int(talker_config.num_code_groups)
+        self.code_predictor = Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration._from_config(
+            predictor_config, dtype=vllm_config.model_config.dtype
+        )
+        self.code_predictor.eval()
+        # Per request (vLLM's internal id): frames of generated tokens by index, and the final
+        # hidden state of the last row computed (the code predictor's input for the next frame).
+        self._frames: dict[str, list[torch.Tensor]] = {}
+        self._last_hidden: dict[str, torch.Tensor] = {}
+
+    # --- vLLM hooks ---------------------------------------------------------------------------
+
+    def get_mrope_input_positions(self, input_tokens: list[int], mm_features: list[Any]) -> tuple[torch.Tensor, int]:
+        # Prompts come as embeddings: text positions here; requests with multimodal (3-D)
+        # positions carry them as side inputs and `forward` puts them in.
+        positions = torch.arange(len(input_tokens), dtype=torch.long).view(1, -1).expand(3, -1)
+        return positions.clone(), 0
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Take the `talker.*` tensors of the full checkpoint (thinker/code2wav ones are skipped)."""
+
+        def talker_weights() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if not name.startswith("talker."):
+                    continue
+                name = name[len("talker.") :]
+                if name.startswith(("text_projection.", "hidden_projection.")):
+                    continue  # used by the thinker -> talker edge adapter, not by the LM
+                if name == "model.codec_embedding.weight":
+                    name = "model.embed_tokens.weight"
+                elif name.startswith("codec_head."):
+                    name = "lm_head." + name[len("codec_head.") :]
+                yield name, tensor
+
+        return Qwen3MoeForCausalLM.load_weights(self, talker_weights())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        layout = self._layout()
+        frames: list[torch.Tensor] = []
+        if layout:
+            if inputs_embeds is None:
+                raise RuntimeError("the Qwen3-Omni talker needs enable_prompt_embeds=True")
+            inputs_embeds, positions, frames = self._prepare(layout, inputs_embeds, positions)
+        hidden = Qwen3MoeForCausalLM.forward(self, input_ids, positions, intermediate_tensors, inputs_embeds)
+        for (req_id, row_start, row_end, pos_start), rows in zip(layout, frames):
+            self._last_hidden[req_id] = hidden[row_end - 1].detach().clone()
+            self.omni_captured.append(CapturedRows(req_id, pos_start, rows))
+        return hidden
+
+    # --- per-step work ------------------------------------------------------------------------
+
+    def _layout(self) -> list[tuple[str, int, int, int]]:
+        """(request id, first row, end row, position of the first row) per request in the batch;
+        empty for dummy/profiling runs."""
+        if self.omni_request_order is None:
+            return []
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        if not is_forward_context_available():
+            return []
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, list):
+            metadata = metadata[0] if metadata else None
+        if not metadata:
+            return []
+        layer_metadata = next(iter(metadata.values()))
+        request_ids = list(self.omni_request_order())
+        n = len(request_ids)
+        starts = layer_metadata.query_start_loc[: n + 1].tolist()
+        seq_lens = layer_metadata.seq_lens[:n].tolist()
+        return [
+            (rid, starts[i], starts[i + 1], seq_lens[i] - (starts[i + 1] - starts[i]))
+            for i, rid in enumerate(request_ids)
+            if starts[i + 1] > starts[i]
+        ]
+
+    def _prepare(
+        self, layout: list[tuple[str, int, int, int]], inputs_embeds: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Frames and input embeddings of the generated-token rows; M-RoPE positions of requests
+        that carry their own."""
+        self._forget_finished()
+        groups = self.num_code_groups
+        embeds = inputs_embeds.clone()
+        positions = positions.clone()
+        new_rows: list[tuple[str, int, int]] = []  # (request, row, generated index) needing a frame
+        greedy: list[bool] = []
+        for req_id, row_start, row_end, pos_start in layout:
+            state = self.omni_request_state(req_id)
+            side = _side_inputs(state)
+            prompt_len = _prompt_len(state)
+            mrope = side.get("mrope_positions")
+            if mrope is not None and positions.ndim == 2:
+                positions[:, row_start:row_end] = _mrope_rows(mrope, int(side.get("mrope_delta", 0)), pos_start, row_end - row_start)
+            cached = self._frames.setdefault(req_id, [])
+            for row in range(max(row_start, row_start + prompt_len - pos_start), row_end):
+                index = pos_start + (row - row_start) - prompt_len  # generated token index
+                if index >= len(cached):
+                    if index != len(cached) or req_id not in self._last_hidden:
+                        raise RuntimeError(f"talker request {req_id}: no frame state for generated token {index}")
+                    new_rows.append((req_id, row, index))
+                    greedy.append(float(getattr(state.sampling_params, "temperature", 0.0) or 0.0) <= 0.0)
+        if new_rows:
+            rows = torch.tensor([row for _, row, _ in new_rows], device=embeds.device)
+            past = torch.stack([self._last_hidden[req_id] for req_id, _, _ in new_rows])
+            code0 = torch.tensor(
+                [self.omni_request_state(req_id).output_token_ids[index] for req_id, _, index in new_rows],
+                device=embeds.device,
+                dtype=torch.long,
+            )
+            residual = self._predict_residuals(past, inputs_embeds[rows], torch.tensor(greedy))
+            for (req_id, _, index), frame in zip(new_rows, torch.cat([code0[:, None], residual], dim=1)):
+                assert index == len(self._frames[req_id])
+                self._frames[req_id].append(frame.cpu())
+        frames: list[torch.Tensor] = []
+        for req_id, row_start, row_end, pos_start in layout:
+            state = self.omni_request_state(req_id)
+            side = _side_inputs(state)
+            prompt_len = _prompt_len(state)
+            out = torch.full((row_end - row_start, groups), _NO_CODE, dtype=torch.long)
+            first = max(row_start, row_start + prompt_len - pos_start)
+            if first < row_end:
+                first_index = pos_start + (first - row_start) - prompt_len
+                frame_block = torch.stack(self._frames[req_id][first_index : first_index + row_end - first])
+                out[first - row_start :] = frame_block
+                embeds[first:row_end] = self._frame_embeds(frame_block.to(embeds.device)) + _text_rows(
+                    side, first_index, row_end - first, embeds
+                )
+            frames.append(out)
+        return embeds, positions, frames
+
+    @torch.inference_mode()
+    def _predict_residuals(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+        """Codebooks 1..N-1 for each row: one fixed-shape [rows, N, H] buffer, N-1 forwards.
+
+        The causal mask makes the not yet filled positions irrelevant, so every step runs the same
+        shapes (what a captured graph wants) instead of a growing cache.
+        """
+        predictor = self.code_predictor
+        groups = self.num_code_groups
+        buffer = code0_embeds.new_zeros((past_hidden.shape[0], groups, past_hidden.shape[-1]))
+        buffer[:, 0] = past_hidden
+        buffer[:, 1] = code0_embeds
+        codes = []
+        for step in range(groups - 1):
+            hidden = predictor.model(inputs_embeds=buffer, use_cache=False).last_hidden_state
+            logits = predictor.lm_head[step](hidden[:, step + 1])
+            code = torch.where(greedy.to(logits.device), logits.argmax(-1), _sample_top_k_top_p(logits))
+            codes.append(code)
+            if step + 2 < groups:
+                buffer[:, step + 2] = predictor.model.codec_embedding[step](code)
+        return torch.stack(codes, dim=1)
+
+    def _frame_embeds(self, frames: torch.Tensor) -> torch.Tensor:
+        """Sum of a frame's codec embeddings: the talker's for codebook 0, the predictor's for the rest."""
+        total = self.model.embed_input_ids(frames[:, 0])
+        for group in range(1, self.num_code_groups):
+            total = total + self.code_predictor.model.codec_embedding[group - 1](frames[:, group])
+        return total
+
+    def _forget_finished(self) -> None:
+        for req_id in [rid for rid in self._frames if self.omni_request_state(rid) is None]:
+            self._frames.pop(req_id, None)
+            self._last_hidden.pop(req_id, None)
+
+
+def _side_inputs(state: Any) -> dict[str, Any]:
+    extra = getattr(state.sampling_params, "extra_args", None) or {}
+    side = extra.get(SIDE_INPUTS_KEY)
+    if side is None:
+        raise RuntimeError("a Qwen3-Omni talker request lacks its side inputs (trailing text, tts_pad)")
+    return side
+
+
+def _prompt_len(state: Any) -> int:
+    if state.prompt_embeds is not None:
+        return int(state.prompt_embeds.shape[0])
+    return len(state.prompt_token_ids or [])
+
+
+def _text_rows(side: dict[str, Any], first: int, count: int, like: torch.Tensor) -> torch.Tensor:
+    """Trailing text embeddings for generated indexes [first, first+count); tts_pad past the end."""
+    trailing: torch.Tensor = side["trailing"]
+    pad: torch.Tensor = side["tts_pad"]
+    out = pad.to(like.device, like.dtype).view(1, -1).expand(count, -1).clone()
+    available = max(0, min(count, trailing.shape[0] - first))
+    if available:
+        out[:available] = trailing[first : first + available].to(like.device, like.dtype)
+    return out
+
+
+def _mrope_rows(prompt_positions: torch.Tensor, delta: int, start: int, count: int) -> torch.Tensor:
+    """3-D positions of absolute positions [start, start+count): the prompt's own, then p + delta."""
+    index = torch.arange(start, start + count)
+    out = (index + delta).view(1, -1).expand(3, -1).clone()
+    inside = index < prompt_positions.shape[1]
+    out[:, inside] = prompt_positions[:, index[inside]]
+    return out
+
+
+def _sample_top_k_top_p(logits: torch.Tensor, top_k: int = 50, top_p: float = 0.8) -> torch.Tensor:
+    """The code predictor's sampling when the talker samples (transformers: top_k 50, top_p 0.8)."""
+    values, indices = logits.float().topk(min(top_k, logits.shape[-1]), dim=-1)
+    probs = values.softmax(-1)
+    keep = probs.cumsum(-1) - probs < top_p
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    choice = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1)
+    return indices.gather(-1, choice).squeeze(-1)
+
+
+__all__ = ["ARCHITECTURE", "Qwen3OmniTalkerForCausalLM", "SIDE_INPUTS_KEY", "talker_hf_config"]

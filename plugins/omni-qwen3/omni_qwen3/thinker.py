@@ -1,0 +1,202 @@
+"""The Qwen3-Omni thinker stage: vLLM's own ``Qwen3OmniMoeThinkerForConditionalGeneration``.
+
+The stage's model part (`ThinkerModel`, exposed as `thinker_model`) runs the thinker of a full
+Qwen3-Omni checkpoint on vLLM (talker/code2wav tensors are skipped by vLLM's weight mapper) through
+a registered subclass, `capture_class()`, that
+
+- records two hidden states per token for the talker: ``thinker_embeds`` (the input embeddings
+  after the audio/image embeddings are merged: transformers' ``hidden_states[0]``) and
+  ``thinker_hidden`` (transformers' ``hidden_states[talker_config.accept_hidden_layer]``), through
+  the bridge's multi-layer side channel (`omni_core.stages.vllm_bridge.HiddenStateCapture`);
+- takes image and audio input without torchvision: its multimodal processor builds the HF
+  ``Qwen3OmniMoeProcessor`` from the PIL image processor and no video processor (transformers'
+  video processors need torchvision, so video is rejected by the input processor).
+
+Nothing heavy is imported at module import: vLLM classes are built on first use in the worker.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Mapping
+
+import attrs
+
+from omni_core.outputs import Payload, StageInput
+from omni_core.stages.ar_model import ARDelta, ARModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+
+ARCHITECTURE = "OmniQwen3OmniThinker"
+"""The vLLM architecture name the thinker's capture class is registered under."""
+
+EMBEDS_KEY = "thinker_embeds"
+HIDDEN_KEY = "thinker_hidden"
+CAPTURE_KEY = "capture_hidden"
+"""Key of the thinker's stage input saying whether this request needs the hidden states (audio out)."""
+
+
+@attrs.define
+class ThinkerModel(ARModel):
+    """Model part of the ``thinker`` stage (an `ARModel` for the thinker inside a full checkpoint).
+
+    The captured layers come from the checkpoint when the engine starts (`engine_args`): layer 0
+    and ``talker_config.accept_hidden_layer``; a thinker-only checkpoint (no talker) captures
+    nothing. Requests whose input says ``capture_hidden: False`` (no audio wanted) get no rows.
+    """
+
+    def __attrs_post_init__(self) -> None:
+        self.hf_overrides = {**self.hf_overrides, "architectures": [ARCHITECTURE]}
+
+    def register(self) -> None:
+        from omni_core.stages import vllm_bridge
+        from omni_qwen3 import compat
+
+        compat.install()  # before vLLM imports its qwen2_vl-based modules
+        vllm_bridge.register_architectures({ARCHITECTURE: capture_class()})
+
+    def engine_args(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, Any]:
+        talker = _read_config(pipeline.model_path).get("talker_config")
+        self.capture_hidden_states = talker is not None
+        if talker is not None:
+            self.hidden_state_layers = {EMBEDS_KEY: 0, HIDDEN_KEY: int(talker["accept_hidden_layer"])}
+        args = super().engine_args(pipeline, stage)
+        # The capture class is registered by object (in this process), so vLLM must not look the
+        # architecture up in the checkpoint's own config.
+        args["hf_overrides"] = {**args.get("hf_overrides", {}), "architectures": [ARCHITECTURE]}
+        return args
+
+    def wants_hidden_states(self, stage_input: StageInput) -> bool:
+        return bool(stage_input.data.get(CAPTURE_KEY, True))
+
+    def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
+        data = {k: v for k, v in stage_input.data.items() if k != CAPTURE_KEY}
+        return super().make_prompt(StageInput(data=data, final=stage_input.final, params=stage_input.params))
+
+    def chunk_data(self, delta: ARDelta) -> Payload:
+        data = super().chunk_data(delta)
+        data.pop("hidden_states", None)  # the layer keys carry the same rows
+        return data
+
+
+def thinker_model() -> ThinkerModel:
+    """Factory of the ``thinker`` stage's model part."""
+    return ThinkerModel()
+
+
+def _read_config(model_path: str) -> dict[str, Any]:
+    from omni_core.config.modelref import read_hf_config
+
+    return read_hf_config(model_path)
+
+
+@functools.cache
+def capture_class() -> type:
+    """vLLM's thinker class with the hidden-state capture and the torchvision-free processor.
+
+    Cached: vLLM's registry compares classes by identity.
+    """
+    from omni_qwen3 import compat
+
+    compat.install()
+    from vllm.model_executor.models import qwen3_omni_moe_thinker as vllm_thinker
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from omni_core.stages.vllm_bridge import HiddenStateCapture
+
+    class ImageAudioProcessingInfo(vllm_thinker.Qwen3OmniMoeThinkerProcessingInfo):
+        """Builds the HF processor from its parts, without a video processor (needs torchvision)."""
+
+        def get_hf_processor(self, **kwargs: object) -> Any:
+            return _image_audio_processor(str(self.ctx.model_config.model), self.ctx.tokenizer)
+
+        def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+            return {"audio": None, "image": None}
+
+    class OmniQwen3OmniThinker(HiddenStateCapture, vllm_thinker.Qwen3OmniMoeThinkerForConditionalGeneration):
+        """The thinker, recording per-token hidden states as transformers reports them.
+
+        vLLM adds the deepstack visual features to the residual stream after decoder layers
+        0..n-1 before its layer hook sees them; transformers' ``hidden_states[k]`` is the decoder
+        layer's output before that addition. The capture removes the addition again, so the rows
+        equal transformers' at image positions too.
+        """
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            self._omni_deepstack = self._omni_snapshot_deepstack(kwargs.get("inputs_embeds"))
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                self._omni_deepstack = None
+
+        def _omni_snapshot_deepstack(self, inputs_embeds: torch.Tensor | None) -> list[torch.Tensor] | None:
+            if inputs_embeds is None or not getattr(self, "deepstack_input_embeds", None):
+                return None
+            if not getattr(self, "deepstack_input_embeds_num_tokens", 0):
+                return None  # no image in this batch: the buffers are zeros
+            n = inputs_embeds.shape[0]
+            return [buffer[:n].clone() for buffer in self.deepstack_input_embeds]
+
+        def omni_layer_states(self, layers: tuple[int | None, ...], states: list[torch.Tensor]) -> list[torch.Tensor]:
+            deepstack = getattr(self, "_omni_deepstack", None)
+            if not deepstack:
+                return states
+            fixed = []
+            for layer, state in zip(layers, states):
+                # Layer k (k >= 1) is the output of decoder layer k-1, which got deepstack level k-1.
+                if layer is not None and 1 <= layer <= len(deepstack):
+                    state = state - deepstack[layer - 1][: state.shape[0]].to(state.dtype)
+                fixed.append(state)
+            return fixed
+
+    OmniQwen3OmniThinker.__module__ = __name__
+    return MULTIMODAL_REGISTRY.register_processor(
+        vllm_thinker.Qwen3OmniMoeThinkerMultiModalProcessor,
+        info=ImageAudioProcessingInfo,
+        dummy_inputs=vllm_thinker.Qwen3OmniMoeThinkerDummyInputsBuilder,
+    )(OmniQwen3OmniThinker)
+
+
+@functools.cache
+def _image_audio_processor(model_path: str, tokenizer: Any) -> Any:
+    """``Qwen3OmniMoeProcessor`` for text, image and audio, built without a video processor."""
+    from transformers import AutoImageProcessor, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
+
+    class ImageAudioProcessor(Qwen3OmniMoeProcessor):
+        """The Qwen3-Omni processor with no video processor (transformers' needs torchvision)."""
+
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name == "video_processor" and isinstance(argument, NoVideoProcessor):
+                return NoVideoProcessor
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    image_processor = AutoImageProcessor.from_pretrained(model_path)
+    hf_tokenizer = getattr(tokenizer, "transformers_tokenizer", tokenizer)
+    return ImageAudioProcessor(
+        image_processor=image_processor,
+        video_processor=NoVideoProcessor(image_processor.merge_size, image_processor.temporal_patch_size),
+        feature_extractor=WhisperFeatureExtractor.from_pretrained(model_path),
+        tokenizer=hf_tokenizer,
+        chat_template=getattr(hf_tokenizer, "chat_template", None),
+    )
+
+
+class NoVideoProcessor:
+    """Stands in for the video processor: the processor reads its merge sizes even for text, and
+    video input is refused before it gets here (`omni_qwen3.inputs`)."""
+
+    def __init__(self, merge_size: int, temporal_patch_size: int) -> None:
+        self.merge_size = merge_size
+        self.temporal_patch_size = temporal_patch_size
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from omni_core.errors import InvalidRequestError
+
+        raise InvalidRequestError(
+            "video input needs transformers' torchvision video processor, which is not installed; "
+            "send audio or images instead",
+            param="messages",
+        )

@@ -1,0 +1,115 @@
+"""The code2wav stage equals transformers' chunked decode on the tiny checkpoint's weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage  # noqa: E402
+from omni_core.errors import InvalidRequestError  # noqa: E402
+from omni_core.outputs import Chunk, StageInput  # noqa: E402
+from omni_core.stages.generation import GenerationStageRuntime  # noqa: E402
+from omni_qwen3.reference import decode_codes, load_model, reference_generate  # noqa: E402
+from omni_qwen3.tiny import make_tiny  # noqa: E402
+
+TEXT = [{"role": "user", "content": "Hello world, what is this?"}]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
+    make_tiny(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir: Path) -> Any:
+    return load_model(tiny_dir)
+
+
+def runtime(tiny_dir: Path, streaming: bool, **options: Any) -> GenerationStageRuntime:
+    stage = ResolvedStage(
+        name="code2wav",
+        kind="generation",
+        runtime_ref="omni_core.stages.generation:GenerationStageRuntime",
+        model="omni_qwen3.code2wav:code2wav_model",
+        output="audio",
+        final=True,
+        placement="inline",
+        options=options,
+    )
+    pipeline = ResolvedPipeline(
+        model=str(tiny_dir), model_path=str(tiny_dir), family="qwen3-omni", stages=(stage,), streaming=streaming
+    )
+    stage_runtime = GenerationStageRuntime(pipeline, stage)
+    stage_runtime.load()
+    return stage_runtime
+
+
+def run(stage_runtime: GenerationStageRuntime, requests: dict[str, list[np.ndarray]]) -> tuple[dict[str, np.ndarray], int]:
+    """Feed each request's frame pieces (``[T, Q]``) as streamed input; return waveforms and steps."""
+    outputs: dict[str, list[np.ndarray]] = {rid: [] for rid in requests}
+    for rid, pieces in requests.items():
+        stage_runtime.add_request(rid, StageInput(data={"codes": pieces[0]}, final=len(pieces) == 1))
+    for i in range(1, max(len(p) for p in requests.values())):
+        for rid, pieces in requests.items():
+            if i < len(pieces):
+                stage_runtime.extend_request(rid, StageInput(data={"codes": pieces[i]}, final=i == len(pieces) - 1))
+    steps = 0
+    while stage_runtime.has_unfinished():
+        chunks: list[Chunk] = stage_runtime.step()
+        steps += 1
+        for chunk in chunks:
+            assert chunk.error is None, chunk.error
+            assert chunk.data["sample_rate"] == 24000
+            outputs[chunk.request_id].append(chunk.data["audio"])
+    return {rid: np.concatenate(parts) for rid, parts in outputs.items()}, steps
+
+
+def test_reference_generate_waveform(tiny_dir: Path, model: Any) -> None:
+    ref = reference_generate(tiny_dir, TEXT, model=model, max_new_tokens=8, talker_max_new_tokens=24)
+    assert ref.codes is not None and ref.waveform is not None
+    for streaming in (False, True):
+        waves, _ = run(runtime(tiny_dir, streaming), {"a": [ref.codes.T]})
+        assert waves["a"].shape == ref.waveform.shape
+        np.testing.assert_allclose(waves["a"], ref.waveform, atol=1e-5)
+
+
+def test_streamed_chunks_equal_the_reference_chunked_decode(tiny_dir: Path, model: Any) -> None:
+    """Over 300 frames the reference itself decodes in chunks of 300 with 25 frames of context."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, model.config.code2wav_config.codebook_size, size=(4, 650))
+    expected = decode_codes(model, codes)
+    # Streamed in uneven pieces; decoded in 3 chunks (300, 300, 50).
+    pieces = [codes.T[:120], codes.T[120:410], codes.T[410:]]
+    waves, steps = run(runtime(tiny_dir, streaming=True), {"a": pieces})
+    assert steps == 3
+    assert waves["a"].shape == expected.shape
+    np.testing.assert_allclose(waves["a"], expected, atol=1e-5)
+    assert np.abs(expected).mean() > 1e-3
+
+
+def test_batched_requests_equal_alone(tiny_dir: Path, model: Any) -> None:
+    rng = np.random.default_rng(1)
+    size = model.config.code2wav_config.codebook_size
+    requests = {f"r{i}": [rng.integers(0, size, size=(n, 4))] for i, n in enumerate((7, 31, 18))}
+    stage_runtime = runtime(tiny_dir, streaming=True)
+    waves, steps = run(stage_runtime, requests)
+    assert steps == 1  # all three in one batched decode
+    for rid, (codes,) in requests.items():
+        np.testing.assert_allclose(waves[rid], decode_codes(model, codes.T), atol=1e-5)
+
+
+def test_bad_codes_are_rejected(tiny_dir: Path) -> None:
+    stage_runtime = runtime(tiny_dir, streaming=True)
+    with pytest.raises(InvalidRequestError, match="codes"):
+        stage_runtime.add_request("bad", StageInput(data={"codes": torch.zeros((3, 2), dtype=torch.long)}))
+    with pytest.raises(InvalidRequestError, match="codes"):
+        stage_runtime.add_request("big", StageInput(data={"codes": torch.full((3, 4), 10_000)}))

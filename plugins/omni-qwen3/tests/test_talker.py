@@ -1,0 +1,191 @@
+"""The talker stage on vLLM gives transformers' codec codes exactly, alone and batched.
+
+The thinker's rows (input embeddings, layer ``accept_hidden_layer`` hidden states) come from
+transformers' own thinker generate on the tiny checkpoint, as ``generate`` feeds the talker; the
+`ThinkerToTalker` adapter turns them into the talker's input, and the `ar` runtime runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage  # noqa: E402
+from omni_core.errors import InvalidRequestError  # noqa: E402
+from omni_core.outputs import Chunk, StageInput  # noqa: E402
+from omni_core.stages.ar import ARStageRuntime  # noqa: E402
+from omni_qwen3.edges import ThinkerToTalker  # noqa: E402
+from omni_qwen3.reference import (  # noqa: E402
+    ReferenceOutput,
+    load_model,
+    prepare_inputs,
+    reference_generate,
+    sine_wave,
+    synthetic_image,
+)
+from omni_qwen3.tiny import make_tiny  # noqa: E402
+
+MAX_TEXT = 12
+MAX_FRAMES = 16
+PROMPTS: dict[str, Any] = {
+    "text": [{"role": "user", "content": "Hello world, what is this?"}],
+    "audio": [
+        {
+            "role": "user",
+            "content": [{"type": "audio", "audio": sine_wave(1.0)}, {"type": "text", "text": "What is this sound?"}],
+        }
+    ],
+    "image": [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": synthetic_image(64, 96)}, {"type": "text", "text": "Describe it."}],
+        }
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
+    make_tiny(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir: Path) -> Any:
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def cases(tiny_dir: Path, model: Any) -> dict[str, tuple[ReferenceOutput, Chunk]]:
+    """Per prompt: the reference output and the thinker's output as one final chunk."""
+    out = {}
+    for name, messages in PROMPTS.items():
+        ref = reference_generate(tiny_dir, messages, model=model, max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES)
+        out[name] = (ref, _thinker_chunk(tiny_dir, model, messages, ref))
+    return out
+
+
+def _thinker_chunk(tiny_dir: Path, model: Any, messages: Any, ref: ReferenceOutput) -> Chunk:
+    inputs = prepare_inputs(tiny_dir, messages)
+    with torch.inference_mode():
+        result = model.thinker.generate(
+            **inputs,
+            max_new_tokens=MAX_TEXT,
+            do_sample=False,
+            repetition_penalty=1.0,
+            eos_token_id=model.config.im_end_token_id,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
+        )
+    layer = model.config.talker_config.accept_hidden_layer
+    prompt_len = inputs["input_ids"].shape[1]
+    generated = result.sequences[0, prompt_len:].tolist()
+    assert generated == ref.thinker_ids  # the same thinker run the reference talker saw
+    data = {
+        "prompt_token_ids": inputs["input_ids"][0].tolist(),
+        "token_ids": generated,
+        "thinker_embeds": torch.cat([h[0] for h in result.hidden_states], dim=1)[0],
+        "thinker_hidden": torch.cat([h[layer] for h in result.hidden_states], dim=1)[0],
+        "finish_reason": "stop",
+    }
+    return Chunk("req", "thinker", 0, data, final=True)
+
+
+@pytest.fixture(scope="module")
+def talker(tiny_dir: Path) -> Iterator[tuple[ARStageRuntime, ThinkerToTalker]]:
+    stage = ResolvedStage(
+        name="talker",
+        kind="ar",
+        runtime_ref="omni_core.stages.ar:ARStageRuntime",
+        model="omni_qwen3.talker:talker_model",
+        options={"dtype": "float32", "kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 8, "max_model_len": 512},
+    )
+    pipeline = ResolvedPipeline(
+        model=str(tiny_dir), model_path=str(tiny_dir), family="qwen3-omni", stages=(stage,), streaming=True
+    )
+    runtime = ARStageRuntime(pipeline, stage)
+    runtime.load()
+    yield runtime, ThinkerToTalker(pipeline)
+    runtime.close()
+
+
+def _talker_input(adapter: ThinkerToTalker, chunk: Chunk, **params: Any) -> StageInput:
+    stage_input = adapter.on_chunk({}, chunk)
+    assert stage_input is not None and stage_input.final
+    stage_input.params = {"max_tokens": MAX_FRAMES, "temperature": 0.0, "speaker": "Ethan", **params, **stage_input.params}
+    return stage_input
+
+
+def _run(runtime: ARStageRuntime, inputs: dict[str, StageInput]) -> dict[str, np.ndarray]:
+    """Codes per request, ``[num_code_groups, frames]`` like the reference."""
+    for rid, stage_input in inputs.items():
+        runtime.add_request(rid, stage_input)
+    codes: dict[str, list[torch.Tensor]] = {rid: [] for rid in inputs}
+    finished = set()
+    while runtime.has_unfinished():
+        for chunk in runtime.step():
+            assert chunk.error is None, chunk.error
+            codes[chunk.request_id].append(chunk.data["codes"])
+            assert chunk.data["codes"].dtype == torch.long
+            if chunk.final:
+                finished.add(chunk.request_id)
+    assert finished == set(inputs)
+    return {rid: torch.cat(parts).T.numpy() for rid, parts in codes.items()}
+
+
+@pytest.mark.parametrize("name", ["text", "audio"])
+def test_codes_equal_transformers(talker: Any, cases: Any, name: str) -> None:
+    runtime, adapter = talker
+    ref, chunk = cases[name]
+    assert ref.codes is not None and len(np.unique(ref.codes[0])) >= 2
+    codes = _run(runtime, {name: _talker_input(adapter, chunk)})[name]
+    np.testing.assert_array_equal(codes, ref.codes)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="image prompts need the talker's 3-D M-RoPE positions, which need the thinker's image_grid_thw "
+    "(not in its chunks yet); talker_model already applies side-input mrope_positions",
+)
+def test_image_codes_equal_transformers(talker: Any, cases: Any) -> None:
+    runtime, adapter = talker
+    ref, chunk = cases["image"]
+    codes = _run(runtime, {"image": _talker_input(adapter, chunk)})["image"]
+    np.testing.assert_array_equal(codes, ref.codes)
+
+
+def test_batched_requests_equal_alone(talker: Any, cases: Any, tiny_dir: Path, model: Any) -> None:
+    """Several requests at different lengths in one engine batch give each its own reference codes."""
+    runtime, adapter = talker
+    chelsie = reference_generate(
+        tiny_dir, PROMPTS["text"], model=model, speaker="Chelsie", max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES
+    )
+    inputs = {
+        "text": _talker_input(adapter, cases["text"][1]),
+        "audio": _talker_input(adapter, cases["audio"][1]),
+        "chelsie": _talker_input(adapter, cases["text"][1], speaker="Chelsie"),
+        "short": _talker_input(adapter, cases["audio"][1], max_tokens=5),
+    }
+    codes = _run(runtime, inputs)
+    np.testing.assert_array_equal(codes["text"], cases["text"][0].codes)
+    np.testing.assert_array_equal(codes["audio"], cases["audio"][0].codes)
+    np.testing.assert_array_equal(codes["chelsie"], chelsie.codes)
+    assert not np.array_equal(codes["chelsie"], codes["text"])
+    # max_tokens=5: five codebook-0 tokens, the frames of the first four (as generate would give).
+    np.testing.assert_array_equal(codes["short"], cases["audio"][0].codes[:, :4])
+
+
+def test_unknown_speaker_is_rejected(talker: Any, cases: Any) -> None:
+    runtime, adapter = talker
+    with pytest.raises(InvalidRequestError, match="speaker"):
+        runtime.add_request("nobody", _talker_input(adapter, cases["text"][1], speaker="Nobody"))
+    assert not runtime.has_unfinished()

@@ -1,0 +1,183 @@
+"""The diffusion runtime's own logic (admission, step batching, grouping, progress, n samples, abort),
+the cache-parameter resolution and the quantization resolvers.
+
+The runtime's scheduling is tested with a counting model part (no weights: the logic is the core's);
+equality with diffusers on a real checkpoint is in ``plugins/omni-cosmos3/tests``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+import pytest
+import torch
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.errors import ConfigError, InvalidRequestError
+from omni_core.outputs import StageInput
+from omni_core.quantization import quantize_linears, resolve_fp8, resolve_int8
+from omni_core.stages.diffusion import DiffusionStageRuntime
+from omni_core.stages.diffusion_cache import CacheConfig, resolve_cache
+from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+
+
+class CountingModel(DiffusionModel):
+    """Each sample's state counts the steps it got; `calls` records every forward's (key, steps)."""
+
+    max_steps = 50
+
+    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> None:
+        self.calls: list[tuple[Any, list[int]]] = []
+        self.started: list[str] = []
+
+    def load(self, spec: LoadSpec) -> None:
+        self.spec = spec
+
+    def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
+        if data.get("size") == "bad":
+            raise InvalidRequestError("bad size", param="size")
+        steps = params.get("num_inference_steps", 3)
+        return [DiffusionSample(request_id, i, steps, data.get("size", 1), state={"steps": 0}) for i in range(data.get("n", 1))]
+
+    def start(self, samples: list[DiffusionSample]) -> None:
+        self.started += [s.request_id for s in samples]
+
+    def denoise(self, samples: list[DiffusionSample]) -> None:
+        assert len({s.batch_key for s in samples}) == 1
+        self.calls.append((samples[0].batch_key, [s.step for s in samples]))
+        for s in samples:
+            s.state["steps"] += 1
+
+    def decode(self, samples: list[DiffusionSample]) -> list[dict[str, Any]]:
+        return [{"image": torch.full((2, 2, 3), s.state["steps"] * 10 + s.index, dtype=torch.uint8).numpy()} for s in samples]
+
+
+def make_runtime(streaming: bool = True, **options: Any) -> DiffusionStageRuntime:
+    stage = ResolvedStage(
+        name="gen", kind="diffusion", runtime_ref="omni_core.stages.diffusion:DiffusionStageRuntime",
+        model="tests:CountingModel", output="image", final=True,
+        placement="inline", options={"admission_window_ms": 0.0, **options},
+    )
+    pipeline = ResolvedPipeline(model="m", model_path="/nonexistent", family="test", stages=(stage,), streaming=streaming)
+    runtime = DiffusionStageRuntime(pipeline, stage)
+    # This test module is not importable by reference (pytest's importlib mode): attach the part
+    # as `load()` would after building it. `load()` itself runs in the Cosmos3 plugin's tests.
+    runtime.model = CountingModel(pipeline, stage)
+    return runtime
+
+
+def drain(runtime: DiffusionStageRuntime, limit: int = 100) -> list:
+    chunks = []
+    for _ in range(limit):
+        if not runtime.has_unfinished():
+            break
+        chunks += runtime.step()
+    return chunks
+
+
+def test_requests_share_steps_grouped_by_key_and_new_ones_join_at_their_own_step():
+    runtime = make_runtime()
+    model: CountingModel = runtime.model  # type: ignore[assignment]
+    runtime.add_request("a", StageInput({"size": 1}, params={"num_inference_steps": 4}))
+    runtime.add_request("b", StageInput({"size": 2}, params={"num_inference_steps": 2}))
+    runtime.step()
+    runtime.add_request("c", StageInput({"size": 1}, params={"num_inference_steps": 2}))
+    chunks = drain(runtime)
+    assert model.calls[:2] == [(1, [0]), (2, [0])]  # different keys: separate forwards
+    assert (1, [1, 0]) in model.calls  # "c" joined "a" at its step 0 while "a" was at step 1
+    finals = {c.request_id: c.data["image"][0, 0, 0] for c in chunks if c.final}
+    assert finals == {"a": 40, "b": 20, "c": 20}
+
+
+def test_progress_chunks_then_one_final_chunk_with_consistent_indexes():
+    runtime = make_runtime()
+    runtime.add_request("a", StageInput({}, params={"num_inference_steps": 3}))
+    chunks = drain(runtime)
+    assert [c.data.get("progress") for c in chunks[:-1]] == [{"step": 1, "total": 3}, {"step": 2, "total": 3}]
+    assert [c.index for c in chunks] == [0, 1, 2] and chunks[-1].final and "image" in chunks[-1].data
+    quiet = make_runtime(streaming=False)
+    quiet.add_request("a", StageInput({}, params={"num_inference_steps": 3}))
+    assert [c.final for c in drain(quiet)] == [True]
+
+
+def test_n_samples_become_one_final_chunk_with_a_list():
+    runtime = make_runtime(max_num_seqs=2)
+    runtime.add_request("a", StageInput({"n": 3}, params={"num_inference_steps": 2}))
+    finals = [c for c in drain(runtime) if c.final]
+    assert len(finals) == 1 and [int(im[0, 0, 0]) for im in finals[0].data["image"]] == [20, 21, 22]
+    assert max(len(steps) for _, steps in runtime.model.calls) == 2  # never more than max_num_seqs
+
+
+def test_admission_window_lets_requests_arriving_together_start_together():
+    runtime = make_runtime(admission_window_ms=50.0)
+    runtime.add_request("a", StageInput({}, params={"num_inference_steps": 1}))
+    assert runtime.step() == [] and runtime.num_running == 0  # waiting for company
+    runtime.add_request("b", StageInput({}, params={"num_inference_steps": 1}))
+    deadline = time.monotonic() + 2
+    while runtime.num_running == 0 and time.monotonic() < deadline and runtime.has_unfinished():
+        chunks = runtime.step()
+    assert runtime.model.calls[0] == (1, [0, 0]) and {c.request_id for c in chunks} == {"a", "b"}
+
+
+def test_abort_frees_slots_and_bad_requests_start_nothing():
+    runtime = make_runtime(max_num_seqs=1)
+    runtime.add_request("a", StageInput({}, params={"num_inference_steps": 10}))
+    runtime.add_request("b", StageInput({}, params={"num_inference_steps": 1}))
+    runtime.step()
+    runtime.abort_request("a")
+    runtime.abort_request("unknown")  # ignored
+    assert [c.request_id for c in drain(runtime) if c.final] == ["b"]
+    with pytest.raises(InvalidRequestError) as info:
+        runtime.add_request("c", StageInput({"size": "bad"}))
+    assert info.value.param == "size"
+    with pytest.raises(InvalidRequestError) as info:
+        runtime.add_request("d", StageInput({}, params={"num_inference_steps": 51}))
+    assert info.value.param == "num_inference_steps" and not runtime.has_unfinished()
+
+
+def test_cache_parameter_resolution():
+    default = CacheConfig(mode="none", threshold=0.2, warmup_steps=2)
+    assert resolve_cache(default, None) == default
+    assert resolve_cache(default, "first_block") == CacheConfig("first_block", 0.2, 2)
+    assert resolve_cache(default, 0.5) == CacheConfig("first_block", 0.5, 2)
+    assert resolve_cache(attrs.evolve(default, mode="first_block"), "off").mode == "none"
+    assert resolve_cache(default, {"threshold": 0.05, "warmup_steps": 0}) == CacheConfig("first_block", 0.05, 0)
+    for bad in ("sometimes", {"mode": "x"}, {"speed": 1}, -1.0):
+        with pytest.raises(InvalidRequestError):
+            resolve_cache(default, bad)
+
+
+def test_quantization_resolvers_and_int8_linears_match_float():
+    assert resolve_fp8("ar", {}) == {"quantization": "fp8"}
+    assert resolve_fp8("diffusion", {})["method"] == "fp8"
+    assert resolve_int8("diffusion", {})["method"] == "int8_weight_only"
+    with pytest.raises(ConfigError):
+        resolve_int8("ar", {})
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 128), torch.nn.Linear(128, 8))
+    x = torch.randn(4, 128)
+    expected = net(x)
+    assert quantize_linears(net, resolve_int8("diffusion", {})) == 2  # the 8-wide head stays float
+    assert type(net[0]).__name__ == "Int8WeightOnlyLinear" and net[0].weight_int8.dtype == torch.int8
+    got = net(x)
+    assert torch.allclose(got, expected, atol=0.02 * expected.abs().max().item())
+    assert not torch.equal(got, expected)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="int8"):
+            quantize_linears(net, resolve_fp8("diffusion", {}))
+
+
+def test_unknown_quantization_is_a_config_error():
+    from omni_core.config.resolve import resolve_pipeline
+    from omni_core.config.pipeline import PipelineConfig, StageSpec
+    from omni_core.plugins import default_plugins
+
+    pipeline = PipelineConfig(family="t", stages=(StageSpec("gen", "diffusion", "test_diffusion_runtime:CountingModel", output="image", extra_outputs=("video",), final=True),))
+    resolved = resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"quantization": "int8", "cache": "first_block"}}}})
+    assert resolved.modalities == ("image", "video")
+    with pytest.raises(ConfigError, match="quantization"):
+        resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"quantization": "int3"}}}})
+    with pytest.raises(ConfigError, match="cache"):
+        resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"cache": "teacache2"}}}})
