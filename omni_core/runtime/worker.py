@@ -36,6 +36,9 @@ class Inbox(Protocol):
 class _RequestState:
     targets: tuple[str, ...]
     emit_output: bool
+    # The merged request params come with the first Submit only; an edge adapter may hold its
+    # input back (return None) until a later chunk, so they are kept until the stage starts.
+    params: dict[str, Any] = attrs.field(factory=dict)
     started: bool = False
     handles: list[tuple[Connector, Any]] = attrs.field(factory=list)
     edge_states: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -138,7 +141,7 @@ class StageWorker:
                 # Input for a request that already ended here (aborted or failed): drop it.
                 connector.release(message.handle)
                 return
-            state = _RequestState(message.targets, message.emit_output)
+            state = _RequestState(message.targets, message.emit_output, dict(message.params))
             self.requests[message.request_id] = state
         state.handles.append((connector, message.handle))
         try:
@@ -147,7 +150,7 @@ class StageWorker:
                 return
             assert self.runtime is not None
             if not state.started:
-                stage_input.params = dict(message.params or {}) | stage_input.params
+                stage_input.params = state.params | stage_input.params
                 state.started = True
                 self.runtime.add_request(message.request_id, stage_input)
             else:

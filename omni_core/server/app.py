@@ -131,6 +131,7 @@ def run_server(
     deploy: str | Path | None = None,
     overrides: Sequence[str] = (),
     plugins: Any = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Resolve `model`, build the app and serve it with uvicorn until SIGINT/SIGTERM."""
     import uvicorn
@@ -141,5 +142,5 @@ def run_server(
     host_plugins = plugins if plugins is not None else default_plugins()
     engine = AsyncOmniEngine(resolve(model, deploy=deploy, overrides=overrides, plugins=host_plugins))
     url = f"http://{host}:{port}"
-    app = create_app(engine, model_name=model, api_key=api_key, extra_routes=plugin_routes(host_plugins), url=url)
+    app = create_app(engine, model_name=model, api_key=api_key, max_body_bytes=max_body_bytes, extra_routes=plugin_routes(host_plugins), url=url)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)

@@ -26,9 +26,11 @@ class APIError(Exception):
         self.code = code
 
 
-def error_response(status: int, message: str, type: str, param: str | None = None, code: str | None = None) -> Response[bytes]:
+def error_response(
+    status: int, message: str, type: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+) -> Response[bytes]:
     body = msgspec.json.encode(ErrorResponse(ErrorDetail(message=message, type=type, param=param, code=code)))
-    return Response(body, status_code=status, media_type="application/json")
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 def to_api_error(exc: BaseException) -> APIError:
@@ -66,7 +68,8 @@ def handle_exception(request: Request, exc: Exception) -> Response[bytes]:
     if isinstance(exc, HTTPException):
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = "not_found" if exc.status_code == 404 else None
-        return error_response(exc.status_code, str(exc.detail), kind, code=code)
+        # Keep the exception's headers: a 405 must say which methods are allowed (``Allow``).
+        return error_response(exc.status_code, str(exc.detail), kind, code=code, headers=dict(exc.headers or {}))
     api = to_api_error(exc)
     if api.status >= 500:
         logger.error("request %s %s failed: %s", request.method, request.url.path, exc, exc_info=not isinstance(exc, OmniError))

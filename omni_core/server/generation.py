@@ -60,7 +60,31 @@ class Tracked:
                 if not failed:
                     self.metrics.cancelled.inc()
 
+    async def open_stream(self) -> AsyncIterator[OutputDelta]:
+        """`deltas()`, once the first delta is in: a request that a stage rejects (prompt too long,
+        unsupported input) raises here, so a streaming route still answers with an HTTP error
+        instead of a 200 stream that carries it."""
+        deltas = self.deltas()
+        try:
+            first = await deltas.__anext__()
+        except StopAsyncIteration:
+            return _replay(None, deltas)
+        except BaseException:
+            await deltas.aclose()
+            raise
+        return _replay(first, deltas)
+
     async def run(self) -> OmniResult:
         async for _ in self.deltas():
             pass
         return self.result
+
+
+async def _replay(first: OutputDelta | None, rest: AsyncIterator[OutputDelta]) -> AsyncIterator[OutputDelta]:
+    try:
+        if first is not None:
+            yield first
+        async for delta in rest:
+            yield delta
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]

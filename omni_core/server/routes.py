@@ -15,6 +15,7 @@ from litestar.params import Body
 from litestar.response import ServerSentEvent
 from typing_extensions import Annotated
 
+from omni_core.outputs import OutputDelta
 from omni_core.server.encoding import b64, encode_audio, encode_png, pcm16
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.generation import Tracked
@@ -25,6 +26,7 @@ from omni_core.server.protocol import (
     ChatCompletionRequest,
     Choice,
     ErrorDetail,
+    ErrorResponse,
     ImageData,
     ImageGenerationRequest,
     ImagesResponse,
@@ -38,7 +40,21 @@ from omni_core.server.protocol import (
 )
 from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
 
-SSE_RESPONSE = {200: ResponseSpec(data_container=SSEEvent, media_type="text/event-stream", description="Server-sent events when stream is true")}
+# Every error leaves as an OpenAI error body (see errors.py): document that, not Litestar's own shape.
+ERROR_RESPONSES = {
+    status: ResponseSpec(data_container=ErrorResponse, description=description)
+    for status, description in (
+        (400, "Invalid request"),
+        (401, "Missing or invalid API key (when the server has one)"),
+        (404, "Unknown model or resource"),
+        (413, "Request body too large"),
+        (500, "A stage failed"),
+    )
+}
+SSE_RESPONSE = {
+    200: ResponseSpec(data_container=SSEEvent, media_type="text/event-stream", description="Server-sent events when stream is true"),
+    **ERROR_RESPONSES,
+}
 
 
 def _json(value: Any) -> str:
@@ -69,7 +85,7 @@ class ChatController(Controller):
         tracked = await Tracked.start_request(server.engine, request, server.metrics)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return ServerSentEvent(_chat_events(tracked, server.model_name, include_usage))
+            return ServerSentEvent(_chat_events(tracked, await tracked.open_stream(), server.model_name, include_usage))
         result = await tracked.run()
         audio = None
         if result.audio is not None:
@@ -86,7 +102,7 @@ class ChatController(Controller):
         return Response(msgspec.json.encode(body), media_type="application/json")
 
 
-async def _chat_events(tracked: Tracked, model: str, include_usage: bool) -> AsyncIterator[str]:
+async def _chat_events(tracked: Tracked, deltas: AsyncIterator[OutputDelta], model: str, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
     base = {"id": tracked.request.request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     audio_id = f"audio_{uuid.uuid4().hex[:16]}"
@@ -96,7 +112,7 @@ async def _chat_events(tracked: Tracked, model: str, include_usage: bool) -> Asy
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async for delta in tracked.deltas():
+        async for delta in deltas:
             if delta.modality == "text" and delta.data.get("text"):
                 yield chunk({"content": delta.data["text"]})
             elif delta.modality == "audio" and delta.data.get("audio") is not None and len(delta.data["audio"]):
@@ -115,13 +131,13 @@ class AudioController(Controller):
     path = "/v1/audio"
     tags = ["audio"]
 
-    @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse")}, summary="Text to speech")
+    @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
     async def speech(self, data: Annotated[SpeechRequest, Body()], state: State) -> Response[Any]:
         server = state.server
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline), server.metrics)
         if data.stream_format == "sse":
-            return ServerSentEvent(_speech_events(tracked))
+            return ServerSentEvent(_speech_events(tracked, await tracked.open_stream()))
         result = await tracked.run()
         if result.audio is None:
             raise APIError(500, "the pipeline produced no audio", type="server_error")
@@ -129,9 +145,9 @@ class AudioController(Controller):
         return Response(encoded, media_type=media_type)
 
 
-async def _speech_events(tracked: Tracked) -> AsyncIterator[str]:
+async def _speech_events(tracked: Tracked, deltas: AsyncIterator[OutputDelta]) -> AsyncIterator[str]:
     try:
-        async for delta in tracked.deltas():
+        async for delta in deltas:
             if delta.modality == "audio" and delta.data.get("audio") is not None and len(delta.data["audio"]):
                 yield json.dumps({"type": "speech.audio.delta", "audio": b64(pcm16(delta.data["audio"])), "sample_rate": delta.data.get("sample_rate")})
     except Exception as exc:
@@ -144,7 +160,7 @@ class ImagesController(Controller):
     path = "/v1/images"
     tags = ["images"]
 
-    @post("/generations", status_code=200, summary="Generate images from a prompt")
+    @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], state: State) -> ImagesResponse:
         server = state.server
         check_model(server.engine.pipeline.model, server.model_name, data.model)
@@ -157,7 +173,7 @@ class VideosController(Controller):
     path = "/v1/videos"
     tags = ["videos"]
 
-    @post(status_code=200, summary="Start a video generation job")
+    @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job")
     async def create(self, data: Annotated[VideoRequest, Body()], state: State) -> VideoJob:
         server = state.server
         check_model(server.engine.pipeline.model, server.model_name, data.model)
@@ -165,16 +181,16 @@ class VideosController(Controller):
         tracked = await Tracked.start_request(server.engine, request, server.metrics)
         return server.videos.start(tracked, server.model_name, data.prompt)
 
-    @get("/{video_id:str}", summary="A video job's status")
+    @get("/{video_id:str}", responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="A video job's status")
     async def retrieve(self, video_id: str, state: State) -> VideoJob:
         return state.server.videos.job(video_id)
 
-    @get("/{video_id:str}/content", summary="The finished video (MP4)", media_type="video/mp4")
+    @get("/{video_id:str}/content", responses={**ERROR_RESPONSES, 409: ResponseSpec(data_container=ErrorResponse, description="The video is not finished yet")}, summary="The finished video (MP4)", media_type="video/mp4")
     async def content(self, video_id: str, state: State) -> Response[bytes]:
         return Response(state.server.videos.content(video_id), media_type="video/mp4")
 
 
-@get("/v1/models", tags=["models"], summary="The served model")
+@get("/v1/models", tags=["models"], responses={401: ERROR_RESPONSES[401]}, summary="The served model")
 async def list_models(state: State) -> ModelList:
     server = state.server
     return ModelList(data=[ModelCard(id=server.model_name, created=server.created)])

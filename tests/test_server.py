@@ -1,0 +1,577 @@
+"""The OpenAI-compatible server end to end: a real ``omni serve`` process on a loopback port, driven
+by the official ``openai`` client and by httpx (raw SSE, error bodies, /metrics).
+
+The served model is the `served` fixture: ``omni-tiny/toy`` by default; set
+``OMNI_SERVER_TEST_MODELS=omni-tiny/toy,omni-tiny/qwen3-omni`` to run the same tests on other
+pipelines (each needs an entry in `CASES`). Outputs are checked against a reference run of the same
+tiny weights in transformers (greedy), and audio against the model's own decoder run in one piece.
+
+Servers are shared per module: one with every stage inline (fast to start), one with the default
+process placement and an API key (auth, client disconnects, SIGTERM), and one (process placement,
+key from the environment) started by the SIGINT test itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import attrs
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from omni_core.testing.live_server import LiveServer
+
+pytestmark = pytest.mark.vllm
+
+MODELS_ENV = "OMNI_SERVER_TEST_MODELS"
+API_KEY = "sk-test-omni"
+PROMPT = [{"role": "user", "content": "Once upon a time there was a little robot"}]
+MAX_TOKENS = 10
+PCM16_STEP = 1.0 / 32767.0  # one 16-bit quantization step in float samples
+
+
+@attrs.frozen
+class Reference:
+    """What the served model must answer for a prompt under greedy decoding."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    audio: np.ndarray | None
+    sample_rate: int | None
+
+
+@attrs.frozen
+class ServedModel:
+    """What the tests need to know about one served pipeline.
+
+    - `text_stage`: the AR stage whose parameters top-level sampling fields go to.
+    - `inline`: ``--set`` overrides that put every stage inline (the fast test server).
+    - `modalities`: what the model produces (error messages must name them); `voice`: one it has.
+    - `greedy_stage_params`: stage_params that make every stage after the first deterministic too
+      (top-level ``temperature`` reaches only the first AR stage).
+    - `failing_stage_params`: stage_params that make a stage fail on purpose (a test hook), or None.
+    - `unsupported_part`: a content part the model does not take, or None.
+    - `reference`: greedy reference for (messages, max_tokens), or None to skip those comparisons.
+    """
+
+    model: str
+    text_stage: str
+    inline: tuple[str, ...]
+    modalities: tuple[str, ...]
+    voice: str = "default"
+    greedy_stage_params: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    failing_stage_params: dict[str, dict[str, Any]] | None = None
+    unsupported_part: dict[str, Any] | None = None
+    reference: Callable[[list[dict[str, str]], int], Reference] | None = None
+
+
+def _toy_reference(messages: list[dict[str, str]], max_tokens: int) -> Reference:
+    """transformers greedy generation on the toy LM, then the toy vocoder over all tokens at once."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omni_core.config.modelref import resolve_model_path
+    from omni_core.plugins import default_plugins
+    from omni_toy.vocoder import WEIGHTS_NAME, ToyVocoderNet, VocoderConfig
+
+    root = resolve_model_path("omni-tiny/toy", default_plugins())
+    tokenizer = AutoTokenizer.from_pretrained(root / "lm")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+    lm = AutoModelForCausalLM.from_pretrained(root / "lm", dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = lm.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False)
+    token_ids = out[0, len(prompt_ids) :].tolist()
+    config = VocoderConfig.read(root / "vocoder")
+    net = ToyVocoderNet(config)
+    net.load_state_dict(load_file(str(root / "vocoder" / WEIGHTS_NAME)))
+    with torch.inference_mode():
+        audio = net.eval()(net.features(torch.tensor([token_ids])))[0].numpy()
+    return Reference(prompt_ids, token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), audio, config.sample_rate)
+
+
+CASES = {
+    "omni-tiny/toy": ServedModel(
+        model="omni-tiny/toy",
+        text_stage="lm",
+        inline=("lm.placement=inline", "vocoder.placement=inline"),
+        modalities=("text", "audio"),
+        failing_stage_params={"vocoder": {"fail": "stage"}},
+        unsupported_part={"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+        reference=_toy_reference,
+    ),
+    "omni-tiny/qwen3-omni": ServedModel(
+        model="omni-tiny/qwen3-omni",
+        text_stage="thinker",
+        # Two vLLM engines inline in one process fail here ("Engram tensor-parallel group is already
+        # initialized"): the AR stages keep their own processes.
+        inline=("code2wav.placement=inline",),
+        modalities=("text", "audio"),
+        voice="chelsie",
+        greedy_stage_params={"talker": {"temperature": 0.0}},
+    ),
+}
+
+
+def _selected_models() -> list[str]:
+    return [m.strip() for m in os.environ.get(MODELS_ENV, "omni-tiny/toy").split(",") if m.strip()]
+
+
+@pytest.fixture(scope="module", params=_selected_models())
+def served(request: pytest.FixtureRequest) -> ServedModel:
+    if request.param not in CASES:
+        pytest.fail(f"no test case for {request.param!r}: add a ServedModel to CASES in {__file__}")
+    return CASES[request.param]
+
+
+@pytest.fixture(scope="module")
+def reference(served: ServedModel) -> Reference | None:
+    return served.reference(PROMPT, MAX_TOKENS) if served.reference else None
+
+
+def _set_args(overrides: tuple[str, ...]) -> list[str]:
+    return [arg for override in overrides for arg in ("--set", override)]
+
+
+@pytest.fixture(scope="module")
+def inline_server(served: ServedModel) -> Iterator[LiveServer]:
+    """Every stage inline, no API key, 1 MB body limit."""
+    server = LiveServer.start(served.model, args=[*_set_args(served.inline), "--max-body-mb", "1"])
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def process_server(served: ServedModel) -> Iterator[LiveServer]:
+    """The default deploy (a worker process per stage), with ``--api-key``."""
+    server = LiveServer.start(served.model, api_key=API_KEY)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["inline", "process"])
+def any_server(request: pytest.FixtureRequest) -> LiveServer:
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def _client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key or "unused", max_retries=0, timeout=120)
+
+
+def _headers(server: LiveServer) -> dict[str, str]:
+    return {"Authorization": f"Bearer {server.api_key}"} if server.api_key else {}
+
+
+def _chat_body(served: ServedModel, **extra: Any) -> dict[str, Any]:
+    return {"model": served.model, "messages": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, **extra}
+
+
+def _sse_data(response: httpx.Response) -> list[str]:
+    """The `data` of every event of a server-sent-event stream, in order."""
+    return [line[len("data:") :].strip() for line in response.iter_lines() if line.startswith("data:")]
+
+
+def _read_wav(data: bytes) -> tuple[np.ndarray, int]:
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    return samples, rate
+
+
+def _pcm16(b64: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(b64), dtype="<i2").astype(np.float32) / 32767.0
+
+
+def _assert_error_body(response: httpx.Response, status: int | range) -> dict[str, Any]:
+    statuses = status if isinstance(status, range) else range(status, status + 1)
+    assert response.status_code in statuses, (response.status_code, response.text)
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    """A sample's value in Prometheus text (0 when absent): ``name{labels} value``."""
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        sample, _, value = line.rpartition(" ")
+        if sample == key:
+            return float(value)
+    return 0.0
+
+
+def _complete_ok(server: LiveServer, served: ServedModel) -> None:
+    """The server still answers a normal request."""
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=_chat_body(served, max_tokens=2), headers=_headers(server), timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] >= 1
+
+
+# -- chat ------------------------------------------------------------------------------------------
+
+
+def test_models_health_and_no_key_needed(inline_server: LiveServer, served: ServedModel) -> None:
+    models = _client(inline_server).models.list()
+    assert [m.id for m in models.data] == [served.model]
+    # Without --api-key, /v1 routes need no Authorization header.
+    assert httpx.get(f"{inline_server.url}/v1/models").status_code == 200
+    health = httpx.get(f"{inline_server.url}/health").json()
+    assert health["status"] == "ok" and health["replicas"]
+    assert all(r["healthy"] and r["ready"] and r["active_requests"] == 0 for r in health["replicas"])
+
+
+def test_chat_text_matches_reference(inline_server: LiveServer, served: ServedModel, reference: Reference | None) -> None:
+    completion = _client(inline_server).chat.completions.create(
+        model=served.model, messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, modalities=["text"]
+    )
+    choice = completion.choices[0]
+    assert choice.message.content and choice.message.audio is None
+    usage = completion.usage
+    assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert 1 <= usage.completion_tokens <= MAX_TOKENS
+    assert choice.finish_reason in (("length", "stop") if usage.completion_tokens == MAX_TOKENS else ("stop",))
+    if reference is not None:
+        assert usage.prompt_tokens == len(reference.prompt_token_ids)
+        assert usage.completion_tokens == len(reference.token_ids)
+        assert choice.message.content == reference.text
+
+
+def test_chat_text_and_audio(inline_server: LiveServer, served: ServedModel, reference: Reference | None) -> None:
+    completion = _client(inline_server).chat.completions.create(
+        model=served.model,
+        messages=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        modalities=["text", "audio"],
+        audio={"voice": served.voice, "format": "wav"},
+        extra_body={"stage_params": served.greedy_stage_params},
+    )
+    message = completion.choices[0].message
+    assert message.audio is not None and message.audio.id and message.audio.expires_at > time.time()
+    assert message.content and message.audio.transcript == message.content
+    samples, rate = _read_wav(base64.b64decode(message.audio.data))
+    assert rate > 0 and samples.ndim == 1 and len(samples) > 0 and np.abs(samples).max() > 0
+    for fmt in ("flac", "pcm16"):  # the other encodings carry the same samples
+        other = _client(inline_server).chat.completions.create(
+            model=served.model, messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, modalities=["text", "audio"], audio={"voice": served.voice, "format": fmt},
+            extra_body={"stage_params": served.greedy_stage_params},
+        )
+        assert other.choices[0].message.audio is not None
+        data = base64.b64decode(other.choices[0].message.audio.data)
+        decoded = _pcm16(base64.b64encode(data).decode()) if fmt == "pcm16" else _read_wav(data)[0]
+        np.testing.assert_allclose(decoded, samples, atol=2 * PCM16_STEP)
+    if reference is not None:
+        assert message.content == reference.text
+        assert rate == reference.sample_rate
+        assert reference.audio is not None and samples.shape == reference.audio.shape
+        np.testing.assert_allclose(samples, reference.audio, atol=2 * PCM16_STEP + 1e-5)
+
+
+def test_streaming_chat_with_audio_matches_non_streaming(any_server: LiveServer, served: ServedModel) -> None:
+    url, headers = f"{any_server.url}/v1/chat/completions", _headers(any_server)
+    audio_body = {"modalities": ["text", "audio"], "audio": {"voice": served.voice, "format": "wav"}, "stage_params": served.greedy_stage_params}
+    whole = httpx.post(url, json=_chat_body(served, **audio_body), headers=headers, timeout=120)
+    assert whole.status_code == 200, whole.text
+    whole_body = whole.json()
+    expected_text = whole_body["choices"][0]["message"]["content"]
+    expected_audio, rate = _read_wav(base64.b64decode(whole_body["choices"][0]["message"]["audio"]["data"]))
+
+    body = _chat_body(served, stream=True, stream_options={"include_usage": True}, **audio_body)
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = _sse_data(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0].get("role") == "assistant"
+    text = "".join(d.get("content") or "" for d in deltas)
+    audio_parts = [d["audio"] for d in deltas if "audio" in d]
+    assert text == expected_text
+    assert audio_parts and {p["sample_rate"] for p in audio_parts} == {rate}
+    assert len({p["id"] for p in audio_parts}) == 1
+    streamed = np.concatenate([_pcm16(p["data"]) for p in audio_parts])
+    assert streamed.shape == expected_audio.shape
+    np.testing.assert_allclose(streamed, expected_audio, atol=2 * PCM16_STEP)
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [whole_body["choices"][0]["finish_reason"]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole_body["usage"]
+
+    # The openai client parses the same stream.
+    stream = _client(any_server).chat.completions.create(
+        model=served.model, messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected_text
+
+
+def test_stage_params_and_max_tokens(inline_server: LiveServer, served: ServedModel) -> None:
+    client = _client(inline_server)
+    stage = served.text_stage
+
+    def tokens(**kwargs: Any) -> int:
+        completion = client.chat.completions.create(model=served.model, messages=PROMPT, modalities=["text"], **kwargs)
+        assert completion.usage is not None
+        return completion.usage.completion_tokens
+
+    # ignore_eos: a random-weight model may otherwise stop early, and the counts would prove nothing.
+    assert tokens(extra_body={"stage_params": {stage: {"max_tokens": 3, "ignore_eos": True}}}) == 3
+    assert tokens(max_tokens=4, extra_body={"stage_params": {stage: {"ignore_eos": True}}}) == 4
+    assert tokens(max_completion_tokens=5, extra_body={"stage_params": {stage: {"ignore_eos": True}}}) == 5
+    # The named stage's parameters win over the top-level field.
+    assert tokens(max_tokens=6, extra_body={"stage_params": {stage: {"max_tokens": 2, "ignore_eos": True}}}) == 2
+
+
+# -- speech, images, videos -------------------------------------------------------------------------
+
+
+def test_speech_wav_and_sse(inline_server: LiveServer, served: ServedModel) -> None:
+    if "audio" not in served.modalities:
+        pytest.skip("the model produces no audio")
+    text = "Hello, how are you today?"
+    with _client(inline_server).audio.speech.with_streaming_response.create(
+        model=served.model, voice=served.voice, input=text, response_format="wav", extra_body={"stage_params": served.greedy_stage_params}
+    ) as response:
+        assert response.headers["content-type"] == "audio/wav"
+        samples, rate = _read_wav(response.read())
+    assert rate > 0 and len(samples) > 0
+
+    body = {"model": served.model, "input": text, "voice": served.voice, "stream_format": "sse", "stage_params": served.greedy_stage_params}
+    with httpx.stream("POST", f"{inline_server.url}/v1/audio/speech", json=body, timeout=120) as sse:
+        assert sse.status_code == 200 and sse.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(e) for e in _sse_data(sse)]
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 1 and events[-1]["type"] == "speech.audio.done" and events[:-1] == deltas
+    assert {d["sample_rate"] for d in deltas} == {rate}
+    streamed = np.concatenate([_pcm16(d["audio"]) for d in deltas])
+    # Same input, greedy: the streamed chunks are the WAV's samples.
+    np.testing.assert_allclose(streamed, samples, atol=2 * PCM16_STEP)
+    assert events[-1]["duration_s"] == pytest.approx(len(samples) / rate)
+
+
+@pytest.mark.parametrize(
+    "route, body",
+    [("/v1/images/generations", {"prompt": "a red apple"}), ("/v1/videos", {"prompt": "a red apple", "seconds": "1"})],
+)
+def test_image_and_video_routes_name_what_the_model_produces(inline_server: LiveServer, served: ServedModel, route: str, body: dict[str, Any]) -> None:
+    wanted = "image" if "images" in route else "video"
+    if wanted in served.modalities:
+        pytest.skip(f"the model produces {wanted}")
+    error = _assert_error_body(httpx.post(f"{inline_server.url}{route}", json={"model": served.model, **body}, timeout=60), 400)
+    assert wanted in error["message"] and all(m in error["message"] for m in served.modalities)
+    assert error["code"] == "unsupported_modality"
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+
+
+def test_metrics_count_latencies_and_requests(inline_server: LiveServer, served: ServedModel) -> None:
+    before = httpx.get(f"{inline_server.url}/metrics").text
+    assert "# TYPE omni_time_to_first_token_seconds histogram" in before
+    body = _chat_body(served, stream=True, modalities=["text", "audio"])
+    with httpx.stream("POST", f"{inline_server.url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert _sse_data(response)[-1] == "[DONE]"
+    bad = httpx.post(f"{inline_server.url}/v1/chat/completions", json={"model": served.model}, timeout=60)
+    assert bad.status_code == 400
+    chat = 'route="/v1/chat/completions",status="{}"'
+    deadline = time.monotonic() + 5
+    while True:  # the request counter moves once the response is fully sent, a moment after [DONE]
+        response = httpx.get(f"{inline_server.url}/metrics")
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        after = response.text
+        if _metric(after, "omni_requests_total", chat.format(200)) > _metric(before, "omni_requests_total", chat.format(200)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for histogram in ("omni_time_to_first_token_seconds", "omni_time_to_first_packet_seconds", "omni_e2e_request_latency_seconds"):
+        assert _metric(after, f"{histogram}_count") == _metric(before, f"{histogram}_count") + 1, histogram
+        assert _metric(after, f"{histogram}_sum") > _metric(before, f"{histogram}_sum")
+    for status in ("200", "400"):
+        labels = chat.format(status)
+        assert _metric(after, "omni_requests_total", labels) == _metric(before, "omni_requests_total", labels) + 1
+    assert _metric(after, "omni_requests_running") == 0
+    assert _metric(after, "omni_model_info", f'model="{served.model}"') == 1
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+_MSG = {"role": "user", "content": "hi"}
+
+ERROR_CASES: dict[str, tuple[Callable[[ServedModel], Any], int, str | None]] = {
+    # name: (body, or raw bytes, for the served model; expected status; expected code)
+    "bad-json": (lambda s: b'{"model": "x", "messages": [', 400, None),
+    "not-an-object": (lambda s: b"[1, 2]", 400, None),
+    "messages-not-a-list": (lambda s: {"model": s.model, "messages": "hi"}, 400, None),
+    "max-tokens-not-int": (lambda s: {"model": s.model, "messages": [_MSG], "max_tokens": "many"}, 400, None),
+    "temperature-not-number": (lambda s: {"model": s.model, "messages": [_MSG], "temperature": [1]}, 400, None),
+    "missing-messages": (lambda s: {"model": s.model}, 400, None),
+    "unknown-role": (lambda s: {"model": s.model, "messages": [{"role": "robot", "content": "hi"}]}, 400, None),
+    "unknown-model": (lambda s: {"model": "no-such-model", "messages": [_MSG]}, 404, "model_not_found"),
+    "unknown-part-type": (lambda s: {"model": s.model, "messages": [{"role": "user", "content": [{"type": "hologram", "hologram": {}}]}]}, 400, None),
+    "prompt-over-context": (lambda s: {"model": s.model, "messages": [{"role": "user", "content": "hello " * 5000}]}, 400, None),
+    "unknown-stage": (lambda s: {"model": s.model, "messages": [_MSG], "stage_params": {"no_such_stage": {"max_tokens": 1}}}, 400, None),
+    "unknown-stage-param": (lambda s: {"model": s.model, "messages": [_MSG], "stage_params": {s.text_stage: {"no_such_param": 1}}}, 400, None),
+    "n-2": (lambda s: {"model": s.model, "messages": [_MSG], "n": 2}, 400, None),
+    "max-tokens-0": (lambda s: {"model": s.model, "messages": [_MSG], "max_tokens": 0}, 400, None),
+    "unknown-modality": (lambda s: {"model": s.model, "messages": [_MSG], "modalities": ["smell"]}, 400, None),
+    "oversized-body": (lambda s: {"model": s.model, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, None),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_bad_requests_get_openai_errors(inline_server: LiveServer, served: ServedModel, case: str, stream: bool) -> None:
+    make_body, status, code = ERROR_CASES[case]
+    body = make_body(served)
+    if stream and not isinstance(body, dict):
+        pytest.skip("not a JSON object: nothing to stream")
+    url = f"{inline_server.url}/v1/chat/completions"
+    if isinstance(body, bytes):
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
+    else:
+        response = httpx.post(url, json={**body, "stream": True} if stream else body, timeout=60)
+    error = _assert_error_body(response, status)
+    if code is not None:
+        assert error["code"] == code
+    if status < 500:
+        assert error["type"] == "invalid_request_error" or status == 413
+
+
+def test_server_serves_after_bad_requests(inline_server: LiveServer, served: ServedModel) -> None:
+    for make_body, _, _ in ERROR_CASES.values():
+        body = make_body(served)
+        httpx.post(f"{inline_server.url}/v1/chat/completions", **({"content": body} if isinstance(body, bytes) else {"json": body}), timeout=60)
+    _complete_ok(inline_server, served)
+    health = httpx.get(f"{inline_server.url}/health").json()
+    assert health["status"] == "ok" and all(r["active_requests"] == 0 for r in health["replicas"])
+
+
+def test_unsupported_content_part_for_this_model(inline_server: LiveServer, served: ServedModel) -> None:
+    if served.unsupported_part is None:
+        pytest.skip("no content part type this model rejects")
+    body = _chat_body(served, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, served.unsupported_part]}])
+    error = _assert_error_body(httpx.post(f"{inline_server.url}/v1/chat/completions", json=body, timeout=60), 400)
+    assert served.unsupported_part["type"] in error["message"]
+    _complete_ok(inline_server, served)
+
+
+def test_openai_client_sees_typed_errors(inline_server: LiveServer, served: ServedModel) -> None:
+    client = _client(inline_server)
+    with pytest.raises(openai.NotFoundError) as not_found:
+        client.chat.completions.create(model="no-such-model", messages=PROMPT)
+    assert not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=served.model, messages=PROMPT, n=2)
+    assert bad.value.param == "n"
+
+
+def test_stage_failure_fails_only_that_request(inline_server: LiveServer, served: ServedModel) -> None:
+    if served.failing_stage_params is None:
+        pytest.skip("the model has no failure test hook")
+    url = f"{inline_server.url}/v1/chat/completions"
+    body = _chat_body(served, modalities=list(served.modalities), stage_params=served.failing_stage_params)
+    error = _assert_error_body(httpx.post(url, json=body, timeout=120), range(500, 600))
+    assert error["type"] == "server_error" and error["code"] == "stage_failed"
+    # Streamed: the error arrives in-band after the stream started, then [DONE].
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as response:
+        events = _sse_data(response)
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+    _complete_ok(inline_server, served)
+    health = httpx.get(f"{inline_server.url}/health").json()
+    assert health["status"] == "ok"
+
+
+# -- process placement: auth, disconnects, shutdown -------------------------------------------------
+
+
+def test_api_key_required_on_v1_routes(process_server: LiveServer, served: ServedModel) -> None:
+    url = process_server.url
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        for method, route, body in (("GET", "/v1/models", None), ("POST", "/v1/chat/completions", _chat_body(served))):
+            error = _assert_error_body(httpx.request(method, f"{url}{route}", json=body, headers=headers, timeout=60), 401)
+            assert error["type"] == "authentication_error"
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/metrics").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert _client(process_server).chat.completions.create(model=served.model, messages=PROMPT, max_tokens=2).choices[0].message.content
+
+
+def test_client_disconnect_cancels_in_every_stage(process_server: LiveServer, served: ServedModel) -> None:
+    url, headers = process_server.url, _headers(process_server)
+    # Long enough to be still running when the client leaves; how long it takes when left alone
+    # shows whether the stages stopped early or merely finished.
+    long = {served.text_stage: {"max_tokens": 200, "ignore_eos": True}}
+    body = _chat_body(served, stream=True, modalities=list(served.modalities), stage_params=long)
+    started = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as response:
+        assert _sse_data(response)[-1] == "[DONE]"
+    full_duration = time.monotonic() - started
+
+    cancelled_before = _metric(httpx.get(f"{url}/metrics").text, "omni_requests_cancelled_total")
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as response:
+        assert response.status_code == 200
+        seen = 0
+        for line in response.iter_lines():
+            seen += line.startswith("data:")
+            if seen == 4:
+                busy = httpx.get(f"{url}/health").json()["replicas"]
+                assert any(r["active_requests"] for r in busy)
+                left = time.monotonic()
+                break
+    while True:
+        metrics = httpx.get(f"{url}/metrics").text
+        replicas = httpx.get(f"{url}/health").json()["replicas"]
+        done = (
+            _metric(metrics, "omni_requests_cancelled_total") == cancelled_before + 1
+            and _metric(metrics, "omni_requests_running") == 0
+            and all(r["active_requests"] == 0 for r in replicas)
+        )
+        if done or time.monotonic() - left > full_duration:
+            break
+        time.sleep(0.1)
+    assert done, (metrics, replicas)
+    assert time.monotonic() - left < 0.5 * full_duration, "the stages seem to have run the request to its end"
+    assert all(r["placement"] == "process" for r in replicas)
+    _complete_ok(process_server, served)
+
+
+def test_sigterm_shuts_down_cleanly(process_server: LiveServer) -> None:
+    """Stops the shared process-placement server: keep it after every other test that uses it."""
+    assert process_server.descendants, "the process placement should have started worker processes"
+    code = process_server.stop(signal.SIGTERM)
+    assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), process_server.log_tail()
+    assert process_server.leftover_processes() == []
+    assert "Traceback" not in process_server.log_tail(20_000)
+
+
+def test_sigint_to_the_group_with_env_api_key(served: ServedModel) -> None:
+    """Ctrl-C in a terminal (SIGINT to the server and its workers); the key comes from OMNI_API_KEY."""
+    server = LiveServer.start(served.model, env={"OMNI_API_KEY": "sk-from-env"})
+    try:
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer sk-from-env"}).status_code == 200
+        assert server.descendants
+        code = server.stop(signal.SIGINT, group=True)
+        assert code in (0, -signal.SIGINT, 128 + signal.SIGINT), server.log_tail()
+        assert server.leftover_processes() == []
+        # Workers leave it to the engine to stop them: no KeyboardInterrupt mid-step.
+        assert "Traceback" not in server.log_tail(50_000)
+    finally:
+        server.kill()
