@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from omni_core.errors import ConfigError, InvalidRequestError, OmniError
+from omni_core.errors import ConfigError, InvalidRequestError
 
 deploy_option = click.option("--deploy", type=click.Path(dir_okay=False, path_type=Path), help="A deploy YAML file (over the family's default).")
 set_option = click.option("--set", "overrides", multiple=True, metavar="STAGE.OPTION=VALUE", help="Override a deploy setting; repeatable, later wins.")
@@ -24,8 +24,8 @@ def _setup_logging(verbose: bool) -> None:
     # stdout carries results (--json); libraries' logs go to stderr, also in stage processes.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not verbose:
-        # vLLM logs its whole configuration at INFO in every stage process; keep its warnings only.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # vLLM logs its configuration and CPU-build advice in every stage process; -v shows it.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # The engine's own progress (stage ready, pipeline ready) is worth seeing by default.
     logging.getLogger("omni_core").setLevel(logging.INFO)
@@ -122,12 +122,12 @@ def make_tiny(ctx: click.Context, family: str, directory: Path, size: str) -> No
 @click.option("--port", default=8091, show_default=True, type=int)
 @click.option("--api-key", envvar="OMNI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--max-body-mb", default=64.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Largest request body accepted (larger: 413).")
+@click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")
 @deploy_option
 @set_option
-def serve(model: str, host: str, port: int, api_key: str | None, max_body_mb: float, deploy: Path | None, overrides: tuple[str, ...]) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API."""
-    try:
-        from omni_core.server.app import run_server
-    except ImportError:
-        raise OmniError("the HTTP server is not part of this build yet (see issue 4); use `omni generate`") from None
+def serve(model: str, host: str, port: int, api_key: str | None, max_body_mb: float, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (like `vllm serve`)."""
+    _setup_logging(verbose)
+    from omni_core.server.app import run_server
+
     run_server(model, host=host, port=port, api_key=api_key, deploy=deploy, overrides=overrides, max_body_bytes=int(max_body_mb * 1024 * 1024))
