@@ -97,27 +97,45 @@ def decide(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, s
     `states[i]` is row i's (cache state, branch index); `signals[i]` its first-block residual;
     `step`/`total` the row's sample's step and step count. Rows without cache state always compute.
     """
-    compute: list[bool] = []
+    candidates: list[int] = []  # rows that may skip: their change since the last computed step decides
     for i, (state, branch) in enumerate(states):
         if state is None or not state.config.enabled:
-            compute.append(True)
             continue
-        previous = state.previous_signal.get(branch)
         must = (
-            previous is None
+            state.previous_signal.get(branch) is None
             or branch not in state.residual
             or step[i] < state.config.warmup_steps
             or step[i] >= total[i] - 1
         )
         if not must:
-            change = float((signals[i] - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
-            accumulated = state.accumulated.get(branch, 0.0) + change
-            if accumulated < state.config.threshold:
-                state.accumulated[branch] = accumulated
-                compute.append(False)
-                continue
-        compute.append(True)
+            candidates.append(i)
+    changes = _relative_changes(states, signals, candidates)
+    compute = [True] * len(states)
+    for i, change in zip(candidates, changes):
+        state, branch = states[i]
+        assert state is not None
+        accumulated = state.accumulated.get(branch, 0.0) + change
+        if accumulated < state.config.threshold:
+            state.accumulated[branch] = accumulated
+            compute[i] = False
     return compute
+
+
+def _relative_changes(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, rows: list[int]) -> list[float]:
+    """Relative L1 change of each row's signal since its last computed step, in float32.
+
+    Computed for all rows at once and read back with one transfer: a read per row would wait for
+    the GPU once per row. float32, because a bfloat16 mean over a large signal loses the small
+    changes the threshold is about.
+    """
+    if not rows:
+        return []
+    import torch
+
+    current = signals[rows].float()
+    previous = torch.stack([states[i][0].previous_signal[states[i][1]] for i in rows]).float()  # type: ignore[union-attr]
+    change = (current - previous).abs().flatten(1).mean(1) / previous.abs().flatten(1).mean(1).clamp_min(1e-12)
+    return [float(x) for x in change.tolist()]
 
 
 def record(state: CacheState | None, branch: int, signal: torch.Tensor, residual: torch.Tensor | None) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,9 @@ class Cosmos3Model(DiffusionModel):
         self.pipe: Any = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
+        # batch_key -> (the rows, their attention context): a group's context only changes when a
+        # sample joins or leaves, so it is rebuilt then, not every step (hundreds of small copies).
+        self._contexts: OrderedDict[Any, tuple[list[_Row], _Context]] = OrderedDict()
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -106,6 +110,7 @@ class Cosmos3Model(DiffusionModel):
 
     def close(self) -> None:
         self.pipe = None
+        self._contexts.clear()
 
     @property
     def transformer(self) -> Any:
@@ -244,9 +249,7 @@ class Cosmos3Model(DiffusionModel):
             q, k, k_for_gen = (_rope(x, cos, sin) for x in (q, k, k_for_gen))
             per_layer.append((k_for_gen, v))
             # Right padding is harmless under a causal mask: real tokens never see the padding.
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            )
+            out = attention(q, k, v, causal=True)
             hidden = hidden + attn.to_out(out.transpose(1, 2).flatten(-2))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         for i, row in enumerate(rows):
@@ -267,7 +270,8 @@ class Cosmos3Model(DiffusionModel):
         latents = torch.cat([st.latents for st in states]).to(self.dtype)  # [S, C, T, h, w]
         tokens = transformer.proj_in(_patchify(latents, self.patch))
         time_dtype = next(transformer.time_embedder.parameters()).dtype
-        scaled = torch.tensor([t.item() for t in timesteps], device=self.device) * config.timestep_scale
+        # One stacked tensor, not .item() per sample: each .item() would wait for the GPU.
+        scaled = torch.stack([torch.as_tensor(t, device=self.device) for t in timesteps]).float() * config.timestep_scale
         temb = transformer.time_embedder(transformer.time_proj(scaled).to(time_dtype)).to(tokens.dtype)[:, None]
         parts = [tokens + temb]
         if states[0].sound_latents is not None:
@@ -276,9 +280,7 @@ class Cosmos3Model(DiffusionModel):
         num_vision = tokens.shape[1]
         gen = torch.cat(parts, dim=1)[row_sample]  # [B, M, H]
 
-        positions = torch.stack([row.gen_positions for row in rows], dim=1)  # [3, B, M]
-        cos, sin = transformer.rotary_emb(position_ids=positions, device=self.device, dtype=gen.dtype)
-        context = _Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), gen.shape[1], self.device)
+        context = self._context(samples[0].batch_key, rows, gen)
 
         cache_rows = [(samples[row_sample[i]].cache, _branch(rows, row_sample, i)) for i in range(len(rows))]
         if any(state is not None for state, _ in cache_rows):
@@ -306,6 +308,20 @@ class Cosmos3Model(DiffusionModel):
                     velocity.unsqueeze(0), t, state.sound_latents.unsqueeze(0), return_dict=False
                 )[0].squeeze(0)
             first += count
+
+    def _context(self, key: Any, rows: list[_Row], gen: torch.Tensor) -> "_Context":
+        """The group's attention context, reused while the group's rows stay the same."""
+        cached = self._contexts.get(key)
+        if cached is not None and len(cached[0]) == len(rows) and all(a is b for a, b in zip(cached[0], rows)):
+            self._contexts.move_to_end(key)
+            return cached[1]
+        positions = torch.stack([row.gen_positions for row in rows], dim=1)  # [3, B, M]
+        cos, sin = self.transformer.rotary_emb(position_ids=positions, device=self.device, dtype=gen.dtype)
+        context = _Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), gen.shape[1], self.device)
+        self._contexts[key] = (list(rows), context)
+        while len(self._contexts) > 4:  # groups of other shapes that have finished
+            self._contexts.popitem(last=False)
+        return context
 
     def _cached_stack(self, gen: torch.Tensor, context: "_Context", cache_rows: list, samples: list[DiffusionSample], row_sample: list[int]) -> torch.Tensor:
         """First-block caching: run block 0 everywhere, the rest only on rows whose input changed enough."""
@@ -398,6 +414,27 @@ def _unpatchify(tokens: torch.Tensor, shape: torch.Size, p: int) -> torch.Tensor
     return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, h, w)
 
 
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+    expand_kv: bool | None = None,
+) -> torch.Tensor:
+    """Grouped-query attention over [B, L, heads, head_dim] inputs -> [B, heads, Lq, head_dim].
+
+    `expand_kv` (default: on CUDA when a mask is given) repeats the key/value heads instead of
+    passing ``enable_gqa``: PyTorch's fused CUDA kernels do not take a mask together with
+    ``enable_gqa`` and fall back to the math kernel, which materialises every score in float32
+    (tens of GiB for a batch of 1024x1024 images). The result is the same either way.
+    """
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    groups = q.shape[1] // k.shape[1]
+    if expand_kv is None:
+        expand_kv = mask is not None and q.device.type == "cuda"
+    if expand_kv and groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
+
+
 @attrs.define
 class _Context:
     """Per-row attention context of a generator step: padded reasoner keys/values and positions."""
@@ -442,9 +479,7 @@ def _generator_layer(layer: Any, gen: torch.Tensor, context: _Context, index: in
     q, k = _rope(q, context.cos, context.sin), _rope(k, context.cos, context.sin)
     keys = torch.cat([context.keys[index], k], dim=1)
     values = torch.cat([context.values[index], v], dim=1)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=context.mask, enable_gqa=True
-    )
+    out = attention(q, keys, values, mask=context.mask)
     gen = gen + attn.to_add_out(out.transpose(1, 2).flatten(-2))
     return gen + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(gen))
 

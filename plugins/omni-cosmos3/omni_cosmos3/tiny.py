@@ -8,6 +8,11 @@ trained offline here, with Qwen's chat tokens and ``<|vision_start|>``). Sizes:
 
 - ``tiny``: a few hundred thousand parameters; tests run it in well under a second per request.
 - ``bench``: tens of millions of transformer parameters, for CPU benchmarks.
+- ``1.2b`` and ``8.5b``: GPU benchmark sizes (1.20 and 8.52 billion transformer parameters, both
+  towers; the ``8.5b`` one is the released Cosmos3 transformer's layer shape with 22 instead of 36
+  layers) with a full-size Wan 2.1 VAE (8x spatial compression, 16 latent channels: 16 pixels per
+  transformer token). Build them on the GPU: ``make_tiny(dir, "8.5b", device="cuda",
+  dtype="bfloat16")`` initialises the weights there and writes them in that dtype.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class TinySpec:
     sound_dim: int
     sound_dec_dim: int
     init_std: float
+    vae_res_blocks: int = 1
 
 
 SPECS = {
@@ -76,13 +82,30 @@ SPECS = {
         rope_axes_dim=(12, 10, 10), latent_channels=16, vae_base_dim=16, vae_dim_mult=(1, 2, 4, 4),
         vae_temporal_downsample=(False, True, True), sound_dim=16, sound_dec_dim=16, init_std=0.02,
     ),
+    "1.2b": TinySpec(
+        hidden_size=2048, num_layers=12, num_heads=16, num_kv_heads=4, head_dim=128, intermediate_size=6400,
+        rope_axes_dim=(24, 20, 20), latent_channels=16, vae_base_dim=96, vae_dim_mult=(1, 2, 4, 4),
+        vae_temporal_downsample=(False, True, True), sound_dim=16, sound_dec_dim=16, init_std=0.02, vae_res_blocks=2,
+    ),
+    "8.5b": TinySpec(
+        hidden_size=4096, num_layers=22, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288,
+        rope_axes_dim=(24, 20, 20), latent_channels=16, vae_base_dim=96, vae_dim_mult=(1, 2, 4, 4),
+        vae_temporal_downsample=(False, True, True), sound_dim=16, sound_dec_dim=16, init_std=0.02, vae_res_blocks=2,
+    ),
 }
 
 
-def make_tiny(directory: Path, size: str = "tiny") -> None:
-    """Write a random-weight Cosmos3 checkpoint of `size` (``tiny`` or ``bench``) into `directory`."""
+def make_tiny(directory: Path, size: str = "tiny", device: str = "cpu", dtype: str = "float32") -> None:
+    """Write a random-weight Cosmos3 checkpoint of `size` (one of `SPECS`) into `directory`.
+
+    `device`/`dtype`: where the random weights are made and the dtype they are written in. On CPU in
+    float32 the weights are reproducible (seeded); elsewhere the modules are built without memory
+    (meta device) and filled on `device`, so an 8.5B transformer takes seconds, not minutes.
+    """
     if size not in SPECS:
         raise ValueError(f"unknown size {size!r} for cosmos3; choose one of: {', '.join(SPECS)}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     import torch
     from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer, Cosmos3OmniPipeline, Cosmos3OmniTransformer
     from diffusers import UniPCMultistepScheduler
@@ -92,12 +115,20 @@ def make_tiny(directory: Path, size: str = "tiny") -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
     vocab_size = -(-len(tokenizer) // 64) * 64
-    with torch.random.fork_rng(devices=[]):  # seeded, without touching the caller's RNG state
-        torch.manual_seed(0)
-        transformer = Cosmos3OmniTransformer(**transformer_config(spec, vocab_size))
+    target, torch_dtype = torch.device(device), getattr(torch, dtype)
+    if target.type == "cpu" and torch_dtype == torch.float32:
+        with torch.random.fork_rng(devices=[]):  # seeded, without touching the caller's RNG state
+            torch.manual_seed(0)
+            transformer = Cosmos3OmniTransformer(**transformer_config(spec, vocab_size))
+            _init_weights(transformer, spec.init_std)
+            vae = AutoencoderKLWan(**vae_config(spec))
+            sound = Cosmos3AVAEAudioTokenizer(**sound_config(spec))
+    else:
+        transformer = _on_device(lambda: Cosmos3OmniTransformer(**transformer_config(spec, vocab_size)), target, torch_dtype)
         _init_weights(transformer, spec.init_std)
-        vae = AutoencoderKLWan(**vae_config(spec))
-        sound = Cosmos3AVAEAudioTokenizer(**sound_config(spec))
+        # The VAEs are small (~130M parameters): PyTorch's default init on the CPU, then moved.
+        vae = AutoencoderKLWan(**vae_config(spec)).to(device=target, dtype=torch_dtype)
+        sound = Cosmos3AVAEAudioTokenizer(**sound_config(spec)).to(device=target, dtype=torch_dtype)
     scheduler = UniPCMultistepScheduler(
         num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
     )
@@ -141,7 +172,7 @@ def vae_config(spec: TinySpec) -> dict[str, Any]:
         "base_dim": spec.vae_base_dim,
         "z_dim": spec.latent_channels,
         "dim_mult": list(spec.vae_dim_mult),
-        "num_res_blocks": 1,
+        "num_res_blocks": spec.vae_res_blocks,
         "temperal_downsample": list(spec.vae_temporal_downsample),
         "latents_mean": [0.1 * i for i in range(spec.latent_channels)],
         "latents_std": [1.0 + 0.1 * i for i in range(spec.latent_channels)],
@@ -164,11 +195,27 @@ def sound_config(spec: TinySpec) -> dict[str, Any]:
     }
 
 
-def _init_weights(module: Any, std: float) -> None:
-    """Larger-than-default random weights, so outputs vary with the prompt, seed and step."""
+def _on_device(build: Any, device: Any, dtype: Any) -> Any:
+    """Build a module without allocating (meta device), then allocate it on `device` in `dtype`.
+
+    The parameters hold garbage until `_init_weights`; non-persistent buffers (rotary frequencies)
+    are not written to the checkpoint, so loading recomputes them.
+    """
     import torch
 
-    generator = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        module = build()
+    return module.to(dtype=dtype).to_empty(device=device)
+
+
+def _init_weights(module: Any, std: float) -> None:
+    """Larger-than-default random weights, so outputs vary with the prompt, seed and step.
+
+    Every parameter is written, so this also fills a module allocated with `_on_device`.
+    """
+    import torch
+
+    generator = torch.Generator(device=next(module.parameters()).device).manual_seed(0)
     with torch.no_grad():
         for name, param in sorted(module.named_parameters()):
             if "norm" in name and name.endswith("weight"):
