@@ -530,8 +530,12 @@ def run_part(args: argparse.Namespace) -> Report:
         executed_flops_per_request=float(np.mean([flops.executed(t, steps) for t in texts[:n]])),
     )
     if args.flop_check:
-        counted = counted_step_flops(pipe, size, guidance)
-        report.meta["flop_check_ratio"] = counted / flops.pipeline(prompt_lengths(pipe, PROMPTS[0], size, guidance), 1)
+        try:
+            counted = counted_step_flops(pipe, size, guidance)
+            report.meta["flop_check_ratio"] = counted / flops.pipeline(prompt_lengths(pipe, PROMPTS[0], size, guidance), 1)
+        except AssertionError as exc:  # torch's FLOP counter rejects grouped-query attention shapes on some builds
+            report.meta["flop_check_ratio"] = float("nan")
+            report.meta["flop_check_note"] = f"not checked: {exc}"
     report.write()
 
     for i in range(n):  # warm-up on every prompt (each prompt length is a new shape), as Omni's below

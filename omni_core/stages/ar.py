@@ -41,7 +41,9 @@ class AROptions:
 
     `kv_cache_memory_bytes` None means 256 MiB on CPU (vLLM would otherwise reserve most of the
     machine's memory) and `gpu_memory_utilization` on GPU. `engine_args` passes any other vLLM
-    `EngineArgs` through and wins over everything else.
+    `EngineArgs` through and wins over everything else. `streamed_input_min_tokens`: a request of a
+    streamed-input model part (re)enters vLLM once its input allows this many more tokens (or its
+    input is final); fewer means lower latency but more resumptions (each re-prefills the request).
     """
 
     max_num_seqs: int = attrs.field(default=32, validator=_positive)
@@ -55,6 +57,7 @@ class AROptions:
     quantization: str | None = None
     enable_prompt_embeds: bool = False
     engine_args: dict[str, Any] = attrs.field(factory=dict)
+    streamed_input_min_tokens: int = attrs.field(default=4, validator=_positive)
 
 
 @attrs.define
@@ -69,6 +72,14 @@ class _Request:
     hidden_parts: list[torch.Tensor] = attrs.field(factory=list)
     hidden_next: int = 0  # position of the next hidden-state row not yet received
     capture: bool = True  # whether this request's chunks carry the captured rows
+    input_final: bool = False
+    prompt_info: Payload = attrs.field(factory=dict)
+    # Streamed input: tokens generated so far (over every vLLM run of the request), the first
+    # run's prompt ids, and whether the current run stops at the input's token budget.
+    generated: list[int] = attrs.field(factory=list)
+    prompt_ids: list[int] | None = None
+    budget_limited: bool = False
+    held: bool = False  # at its token budget, out of vLLM until more input comes
 
 
 def load_model_part(ref: str) -> ARModel:
@@ -90,7 +101,14 @@ class ARStageRuntime(StageRuntime):
 
     Streaming emits a chunk per step with the new tokens (and hidden-state rows, when the model part
     captures them); otherwise one final chunk per request with everything. Both give the same tokens.
-    Input that is not final (a streamed upstream) is buffered until the final piece and then started.
+    Input that is not final (a streamed upstream) is buffered until the final piece and then started,
+    unless the model part takes streamed input (`ARModel.streamed_input`, streaming on): then the
+    request starts as soon as its input allows `streamed_input_min_tokens` tokens, runs in vLLM up
+    to its input's token budget, and is then held out of vLLM (finished there, so no engine step
+    waits for it) until more input arrives; it resumes as a new vLLM request whose prompt is the
+    first prompt plus the tokens generated so far (`continuation_prompt`), under the same request
+    key for its side inputs. Resuming re-prefills those tokens: the minimum trades latency for
+    fewer resumptions.
     """
 
     Options = AROptions
@@ -165,53 +183,128 @@ class ARStageRuntime(StageRuntime):
     def add_request(self, request_id: str, stage_input: StageInput) -> None:
         if request_id in self._requests:
             raise InvalidRequestError(f"request {request_id!r} is already running in stage {self.stage.name!r}")
+        model = self._model()
         if not stage_input.final:
             # Validate parameters now so a bad request fails at once, not when its input ends.
-            self._model().sampling_params(stage_input.params, delta=self.streaming)
-        request = _Request(params=dict(stage_input.params), data=dict(stage_input.data))
-        request.capture = self._model().capture_hidden_states and self._model().wants_hidden_states(stage_input)
+            model.sampling_params(stage_input.params, delta=self.streaming)
+        request = _Request(params=dict(stage_input.params), data=dict(stage_input.data), input_final=stage_input.final)
+        request.capture = model.capture_hidden_states and model.wants_hidden_states(stage_input)
         self._requests[request_id] = request
-        if stage_input.final:
+        if self._streams_input():
+            self._run_if_ready(request_id, request)
+        elif stage_input.final:
             self._start(request_id, request)
 
     def extend_request(self, request_id: str, stage_input: StageInput) -> None:
         request = self._requests.get(request_id)
         if request is None:
             raise InvalidRequestError(f"request {request_id!r} is not waiting for input in stage {self.stage.name!r}")
-        if request.started:
+        if request.input_final:
+            raise InvalidRequestError(f"request {request_id!r} got input after its final input in stage {self.stage.name!r}")
+        if request.started and not self._streams_input():
             raise InvalidRequestError(
-                f"request {request_id!r} already started in 'ar' stage {self.stage.name!r}: vLLM takes "
-                "the whole prompt at once, so upstream input must end (final=True) before it starts"
+                f"request {request_id!r} already started in 'ar' stage {self.stage.name!r}: its model part "
+                "takes the whole prompt at once (ARModel.streamed_input is off), so upstream input must "
+                "end (final=True) before it starts"
             )
         request.data = self._model().merge_input(request.data, stage_input.data)
-        if stage_input.final:
+        request.input_final = stage_input.final
+        if self._streams_input():
+            if request.internal_id is not None:  # running: its model reads the new input
+                self._sync_side_inputs(request_id, request)
+            else:  # waiting or held: new input may let it (re)start
+                self._run_if_ready(request_id, request)
+        elif stage_input.final:
             self._start(request_id, request)
 
-    def _start(self, request_id: str, request: _Request) -> None:
-        from vllm.exceptions import VLLMError
+    def _streams_input(self) -> bool:
+        # Without streaming the upstream sends one final input anyway, and a request's one chunk
+        # must hold everything: both say start once the input is whole.
+        return self._model().streamed_input and self.streaming
+
+    def _sync_side_inputs(self, request_id: str, request: _Request, starting: bool = False) -> None:
+        from omni_core.stages import vllm_bridge
 
         model = self._model()
+        side = model.side_inputs(request.data, request.params, request.input_final)
+        if starting and request.generated and model.capture_hidden_states:
+            # A resumed run's prompt ends with the tokens generated so far: the model class
+            # needs them (and the first prompt's length) to tell prompt rows from generated ones.
+            side = {
+                **(side or {}),
+                vllm_bridge.RESUMED_TOKENS: list(request.generated),
+                vllm_bridge.FIRST_PROMPT_LEN: len(request.prompt_ids or []),
+            }
+        if side is not None:
+            vllm_bridge.update_side_inputs(self._engine(), request_id, side)
+
+    def _run_if_ready(self, request_id: str, request: _Request) -> None:
+        """(Re)start a streamed-input request in vLLM when its input allows enough tokens."""
+        budget = self._model().token_budget(request.data, request.input_final)
+        if budget is None:
+            self._start(request_id, request)
+            return
+        room = budget - len(request.generated)
+        if room >= self.options.streamed_input_min_tokens or (request.input_final and room > 0):
+            self._start(request_id, request, budget=budget)
+
+    def _start(self, request_id: str, request: _Request, budget: int | None = None) -> None:
+        from vllm.exceptions import VLLMError
+
+        from omni_core.stages import vllm_bridge
+
+        model = self._model()
+        resuming = bool(request.generated)
         try:
+            self._sync_side_inputs(request_id, request, starting=True)
             data = request.data
             if data.get("messages") is not None and not any(data.get(k) is not None for k in _PROMPT_KEYS):
                 data = {**data, **model.chat_prompt(data["messages"], self._engine().get_tokenizer())}
-            prompt = model.make_prompt(StageInput(data=data, params=request.params))
-            sampling = model.sampling_params(request.params, delta=self.streaming)
+                request.data = data
+            if resuming:
+                prompt = model.continuation_prompt(
+                    StageInput(data=data, params=request.params), request.prompt_ids or [], request.generated
+                )
+            else:
+                prompt = model.make_prompt(StageInput(data=data, params=request.params))
+                request.prompt_info = model.prompt_info(StageInput(data=data, params=request.params, final=request.input_final))
+            sampling = model.sampling_params(self._run_params(request, budget), delta=self.streaming)
+            if model.capture_hidden_states:  # the side-input store lives on the capture class
+                vllm_bridge.tag_request(sampling, request_id)
             internal_id = self._engine().add_request(request_id, prompt, sampling)
         except InvalidRequestError:
-            del self._requests[request_id]
+            self._forget(request_id)
             raise
         except (ValueError, TypeError, VLLMError) as exc:
             # vLLM validates prompts here (length, embeds shape, ...); only this request fails.
-            del self._requests[request_id]
+            self._forget(request_id)
             param = getattr(exc, "parameter", None)
             raise InvalidRequestError(
                 f"stage {self.stage.name!r} rejected the request: {exc}",
                 param=param if isinstance(param, str) else None,
             ) from exc
         request.started = True
+        request.held = False
         request.internal_id = internal_id
         self._by_internal[internal_id] = request_id
+
+    def _run_params(self, request: _Request, budget: int | None) -> dict[str, Any]:
+        """The request's parameters for its next vLLM run: what is left of `max_tokens` /
+        `min_tokens` after the tokens already generated, capped by the input's token budget."""
+        params = dict(request.params)
+        done = len(request.generated)
+        remaining = params.get("max_tokens")
+        remaining = None if remaining is None else int(remaining) - done
+        request.budget_limited = budget is not None and (remaining is None or budget - done < remaining)
+        if request.budget_limited:
+            assert budget is not None
+            remaining = budget - done
+        if remaining is not None:
+            params["max_tokens"] = remaining
+        if params.get("min_tokens"):
+            least = max(0, int(params["min_tokens"]) - done)
+            params["min_tokens"] = least if remaining is None else min(least, remaining)
+        return params
 
     def abort_request(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
@@ -221,6 +314,7 @@ class ARStageRuntime(StageRuntime):
             self._by_internal.pop(request.internal_id, None)
             if self.engine is not None:
                 self.engine.abort_request([request.internal_id], internal=True)
+        self._drop_side_inputs(request_id)
 
     def has_unfinished(self) -> bool:
         return self.engine is not None and self.engine.has_unfinished_requests()
@@ -250,13 +344,21 @@ class ARStageRuntime(StageRuntime):
                 continue
             completion = output.outputs[0]
             hidden = self._take_hidden(request) if request.capture else None
+            if request.prompt_ids is None:
+                request.prompt_ids = list(output.prompt_token_ids or [])
+            token_ids = list(completion.token_ids)
+            request.generated += token_ids  # a held request resumes in streaming mode only
+            # At its input's token budget, not at its own end: wait for more input, out of vLLM.
+            hold = output.finished and request.budget_limited and completion.finish_reason == "length"
+            finished = output.finished and not hold
             delta = ARDelta(
                 request_id=request_id,
-                token_ids=list(completion.token_ids),
+                token_ids=token_ids,
                 text=completion.text or "",
                 prompt_token_ids=self._prompt_ids(request, output) if request.chunks == 0 else None,
-                finish_reason=completion.finish_reason if output.finished else None,
-                stop_reason=completion.stop_reason if output.finished else None,
+                prompt_info=request.prompt_info if request.chunks == 0 else None,
+                finish_reason=completion.finish_reason if finished else None,
+                stop_reason=completion.stop_reason if finished else None,
                 hidden_states=None if hidden is None else (hidden if hidden.dim() == 2 else hidden[:, 0].contiguous()),
                 logprobs=_plain_logprobs(completion.logprobs),
                 layer_states=self._split_layers(model, hidden),
@@ -267,18 +369,39 @@ class ARStageRuntime(StageRuntime):
                     stage=self.stage.name,
                     index=request.chunks,
                     data=model.chunk_data(delta),
-                    final=output.finished,
+                    final=finished,
                 )
             )
             request.chunks += 1
-            if output.finished:
+            if finished:
                 self._forget(request_id)
+            elif hold:
+                try:
+                    self._hold(request_id, request)
+                except InvalidRequestError as exc:  # e.g. the resumed prompt got too long
+                    chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(exc)))
         return chunks
+
+    def _hold(self, request_id: str, request: _Request) -> None:
+        """Take a request that reached its token budget out of vLLM (vLLM already freed it) until
+        more input comes; resume at once if that input came while it ran."""
+        assert request.internal_id is not None
+        self._by_internal.pop(request.internal_id, None)
+        request.internal_id = None
+        request.held = True
+        self._run_if_ready(request_id, request)
 
     def _forget(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)
         if request is not None and request.internal_id is not None:
             self._by_internal.pop(request.internal_id, None)
+        self._drop_side_inputs(request_id)
+
+    def _drop_side_inputs(self, request_id: str) -> None:
+        if self.engine is not None and self.model_part is not None and self.model_part.capture_hidden_states:
+            from omni_core.stages import vllm_bridge
+
+            vllm_bridge.drop_side_inputs(self.engine, request_id)
 
     def _collect_hidden(self, captured: list[vllm_bridge.CapturedRows]) -> None:
         for rows in captured:

@@ -43,6 +43,7 @@ class ARDelta:
     hidden_states: torch.Tensor | None = None
     logprobs: Any = None
     layer_states: dict[str, torch.Tensor] | None = None
+    prompt_info: Payload | None = None  # `ARModel.prompt_info`, on the first delta only
 
 
 @attrs.define
@@ -62,6 +63,12 @@ class ARModel:
     - `hidden_state_layers`: several layers at once, ``chunk key -> layer`` (same meaning as
       `hidden_state_layer`); each key becomes a chunk key with its ``[n, hidden]`` rows. Empty: the
       one layer `hidden_state_layer` under ``hidden_states``.
+    - `streamed_input`: the request starts before its input is final and takes more input while
+      it runs (`extend_request`). It may generate `token_budget` tokens with the input it has; at
+      the budget the runtime takes it out of vLLM (no engine step waits for it) and resumes it with
+      `continuation_prompt` once more input raises the budget. `side_inputs` (per request, updated
+      as input streams in) reach the vLLM model class through the bridge's side-input store.
+      Without it (the default) streamed input is buffered until final, then the request starts.
     """
 
     subfolder: str | None = None
@@ -76,6 +83,7 @@ class ARModel:
     hidden_state_layer: int | None = None
     capture_base: str | None = None
     hidden_state_layers: dict[str, int | None] = attrs.field(factory=dict)
+    streamed_input: bool = False
 
     @property
     def capture_layers(self) -> dict[str, int | None]:
@@ -206,6 +214,33 @@ class ARModel:
         # The template already holds any special tokens; adding them again would change the prompt.
         return {"prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))}
 
+    def prompt_info(self, stage_input: StageInput) -> Payload:
+        """Keys added to a request's first chunk, about its prompt (e.g. multimodal grid sizes a
+        downstream stage needs); computed when the request starts. Default: none."""
+        return {}
+
+    # --- streamed input (`streamed_input`) ----------------------------------------------------
+
+    def token_budget(self, data: Payload, final: bool) -> int | None:
+        """How many tokens the request may generate in total with the input it has so far
+        (`final`: no more input will come); None: no limit from the input."""
+        return None
+
+    def side_inputs(self, data: Payload, params: dict[str, Any], final: bool) -> dict[str, Any] | None:
+        """Per-request inputs the vLLM model class reads while the request runs (written to the
+        bridge's side-input store when it starts and after each streamed input); None: none."""
+        return None
+
+    def continuation_prompt(self, stage_input: StageInput, prompt_token_ids: list[int], generated: list[int]) -> dict[str, Any]:
+        """The vLLM prompt that resumes a request held at its token budget: the prompt followed by
+        every token generated so far (the last one not yet fed through the model)."""
+        data = stage_input.data
+        if data.get("prompt_embeds") is not None or data.get("multi_modal_data"):
+            raise NotImplementedError(
+                f"{type(self).__name__} must override continuation_prompt to resume an embeddings or multimodal prompt"
+            )
+        return {"prompt_token_ids": [*prompt_token_ids, *generated]}
+
     def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
         """Merged per-request parameters -> vLLM `SamplingParams`; unknown keys are rejected."""
         from omni_core.stages.vllm_bridge import build_sampling_params
@@ -219,6 +254,8 @@ class ARModel:
         data: Payload = {"token_ids": list(delta.token_ids), "text": delta.text}
         if delta.prompt_token_ids is not None:
             data["prompt_token_ids"] = list(delta.prompt_token_ids)
+        if delta.prompt_info:
+            data.update(delta.prompt_info)
         if delta.finish_reason is not None:
             data["finish_reason"] = delta.finish_reason
             if delta.stop_reason is not None:

@@ -2,9 +2,11 @@
 
 Each request's input frames are buffered as they stream in. A step takes every request with a full
 chunk of new frames (or its remaining frames once its input is final), re-feeds up to
-`left_context` already-decoded frames before each chunk so chunk boundaries are seamless, runs one
-batched decode for all of them, cuts the context's samples off and emits one chunk per request.
-Without streaming, a request is decoded whole in one piece once its input is final.
+`left_context` already-decoded frames before each chunk so chunk boundaries are seamless (also
+re-decoding the previous chunk's trimmed tail), runs one batched decode for all of them, cuts the
+context's samples off and emits one chunk per request. A model part with `segment_size` is decoded
+in the same segments as its reference. Without streaming, a request is decoded once its input is
+final (one decode per segment) and sent as one chunk.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class _Request:
     emitted: int = 0  # frames decoded and sent
     input_final: bool = False
     chunks: int = 0  # chunks sent (the next chunk's index)
+    held: list[torch.Tensor] = attrs.field(factory=list)  # decoded, not sent (non-streaming)
 
     def consolidate(self) -> torch.Tensor:
         if self.pieces:
@@ -235,26 +238,64 @@ class GenerationStageRuntime(StageRuntime):
                         f"decode returned {output.shape[0]} samples for {item.frames.shape[0]} frames; "
                         f"expected {expected} (samples_per_frame={spf})",
                     )
-                samples = output[item.context * spf : expected]
+                samples = output[self._dropped_samples(item) : expected]
                 request = self._requests[item.request_id]
+                if not self.streaming and not item.final:
+                    # One chunk per request without streaming: keep the segments decoded so far.
+                    request.held.append(samples)
+                    self._advance(request, item.new_frames)
+                    continue
+                if request.held:
+                    import torch
+
+                    samples = torch.cat([*request.held, samples])
+                    request.held = []
                 chunks.append(self._emit(item.request_id, request, samples, item.new_frames, item.final))
         return chunks
+
+    def _segment_start(self, index: int) -> int:
+        """First frame of the segment holding frame `index` (0 when the model has no segments)."""
+        size = self._loaded().segment_size
+        return (index // size) * size if size else 0
+
+    def _context_start(self, start: int) -> int:
+        """First frame to decode for new frames from `start`: `left_context` frames back, but never
+        before the segment's own context; exactly that context at a segment's first frame."""
+        model = self._loaded()
+        segment = self._segment_start(start)
+        floor = max(0, segment - model.segment_context) if segment else 0
+        if start == segment:
+            return floor
+        return max(floor, start - self.left_context)
+
+    def _dropped_samples(self, item: DecodeItem) -> int:
+        """Samples of the context to cut from an item's output.
+
+        Inside a segment the previous chunk stopped `trimmed_samples` short of its last frame; the
+        context re-decodes them, so this chunk starts where that one stopped (seamless). At a
+        segment's first frame the reference loses them, and so does this.
+        """
+        model = self._loaded()
+        spf = model.samples_per_frame
+        first_new = item.start + item.context
+        if first_new == self._segment_start(first_new):
+            return item.context * spf
+        return max(0, item.context * spf - model.trimmed_samples)
 
     def _next_item(self, request_id: str, request: _Request) -> DecodeItem | None:
         new = request.received - request.emitted
         if new == 0:
             return None
-        if self.streaming:
-            count = min(new, self.chunk_size)
-            context = min(self.left_context, request.emitted)
-        else:
-            count, context = new, 0
+        count = min(new, self.chunk_size) if self.streaming else new
+        size = self._loaded().segment_size
+        if size:  # a chunk never crosses a segment boundary
+            count = min(count, self._segment_start(request.emitted) + size - request.emitted)
         frames = request.consolidate()
-        start = request.emitted - context
+        start = self._context_start(request.emitted)
         return DecodeItem(
             request_id=request_id,
             frames=frames[start - request.base : request.emitted + count - request.base],
-            context=context,
+            context=request.emitted - start,
             start=start,
             final=request.input_final and request.emitted + count == request.received,
             params=request.params,
@@ -270,12 +311,15 @@ class GenerationStageRuntime(StageRuntime):
             final=final,
         )
         request.chunks += 1
-        request.emitted += frames
         if final:
             del self._requests[request_id]
         else:
-            request.keep_from(max(0, request.emitted - self.left_context))
+            self._advance(request, frames)
         return chunk
+
+    def _advance(self, request: _Request, frames: int) -> None:
+        request.emitted += frames
+        request.keep_from(self._context_start(request.emitted))
 
     def _fail(self, request_id: str, request: _Request, message: str) -> Chunk:
         del self._requests[request_id]

@@ -90,7 +90,15 @@ class GenerationModel(abc.ABC):
     - `output_key`: the key of the emitted chunks' data holding the samples.
     - `extra_outputs`: constant keys added to every emitted chunk (e.g. ``{"sample_rate": 24000}``).
     - `trimmed_samples`: samples a decode yields fewer than ``frames * samples_per_frame`` (e.g.
-      causal transposed convolutions trimming their tail); each chunk is that much shorter.
+      causal transposed convolutions trimming their tail). Only the request's end (and each
+      segment's end) loses them: a chunk after another re-decodes the previous chunk's tail from its
+      left context (which must then cover them), so chunked output equals one whole decode.
+    - `segment_size` / `segment_context`: for a model whose reference decodes in fixed segments
+      (e.g. transformers' ``chunked_decode(300, 25)``): every `segment_size` frames the decode
+      restarts with exactly `segment_context` frames of context and the previous segment's trimmed
+      tail is lost, as in the reference. Chunks never cross a segment boundary and their context
+      never reaches before the segment's own, so any chunking equals the reference. None: one
+      segment (the whole request).
     """
 
     input_key: str = "codes"
@@ -100,6 +108,8 @@ class GenerationModel(abc.ABC):
     samples_per_frame: int = 1
     extra_outputs: Mapping[str, Any] = types.MappingProxyType({})
     trimmed_samples: int = 0
+    segment_size: int | None = None
+    segment_context: int = 0
 
     @abc.abstractmethod
     def load(self, device: str, dtype: str) -> None:

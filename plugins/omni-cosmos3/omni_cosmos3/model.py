@@ -435,6 +435,21 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
 
 
+def _attention_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: "_Context", index: int) -> torch.Tensor:
+    """Attention row by row over each row's real keys, with no mask.
+
+    On CUDA a padding mask rules out the flash kernel (and grouped heads must then be expanded);
+    each row's generator tokens are thousands of queries, so one unmasked flash call per row is
+    faster than one masked call for the batch, while the linears around it stay batched.
+    """
+    outs = []
+    for i, length in enumerate(context.lengths):
+        keys = torch.cat([context.keys[index][i : i + 1, :length], k[i : i + 1]], dim=1)
+        values = torch.cat([context.values[index][i : i + 1, :length], v[i : i + 1]], dim=1)
+        outs.append(attention(q[i : i + 1], keys, values))
+    return torch.cat(outs, dim=0)
+
+
 @attrs.define
 class _Context:
     """Per-row attention context of a generator step: padded reasoner keys/values and positions."""
@@ -444,6 +459,7 @@ class _Context:
     mask: torch.Tensor  # [B, 1, 1, N_max + M] True where a key is real
     cos: torch.Tensor  # [B, M, 1, hd]
     sin: torch.Tensor
+    lengths: list[int] = attrs.field(factory=list)  # real reasoner keys per row
 
     @classmethod
     def build(cls, rows: list[_Row], cos: torch.Tensor, sin: torch.Tensor, gen_len: int, device: torch.device) -> "_Context":
@@ -461,11 +477,12 @@ class _Context:
         mask = torch.ones(len(rows), n_max + gen_len, dtype=torch.bool, device=device)
         for i, length in enumerate(lengths):
             mask[i, length:n_max] = False
-        return cls(keys, values, mask[:, None, None, :], cos, sin)
+        return cls(keys, values, mask[:, None, None, :], cos, sin, lengths)
 
     def select(self, index: list[int]) -> "_Context":
         return _Context(
-            [k[index] for k in self.keys], [v[index] for v in self.values], self.mask[index], self.cos[index], self.sin[index]
+            [k[index] for k in self.keys], [v[index] for v in self.values], self.mask[index], self.cos[index], self.sin[index],
+            [self.lengths[i] for i in index],
         )
 
 
@@ -477,9 +494,12 @@ def _generator_layer(layer: Any, gen: torch.Tensor, context: _Context, index: in
     k = attn.norm_added_k(attn.add_k_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
     v = attn.add_v_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))
     q, k = _rope(q, context.cos, context.sin), _rope(k, context.cos, context.sin)
-    keys = torch.cat([context.keys[index], k], dim=1)
-    values = torch.cat([context.values[index], v], dim=1)
-    out = attention(q, keys, values, mask=context.mask)
+    if gen.is_cuda and context.lengths:
+        out = _attention_per_row(q, k, v, context, index)
+    else:
+        keys = torch.cat([context.keys[index], k], dim=1)
+        values = torch.cat([context.values[index], v], dim=1)
+        out = attention(q, keys, values, mask=context.mask)
     gen = gen + attn.to_add_out(out.transpose(1, 2).flatten(-2))
     return gen + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(gen))
 

@@ -235,3 +235,24 @@ def test_cli_generate_writes_files(tmp_path: Path):
     assert result.exit_code == 0, result.output
     body = json.loads(result.output[result.output.index("{"):])
     assert Path(body["images"][0]["path"]).exists() and body["images"][0]["shape"] == [256, 256, 3]
+
+
+def test_per_row_attention_equals_the_masked_batch() -> None:
+    """The CUDA path (one unmasked attention per row over its real keys) equals the masked batch."""
+    import torch
+
+    from omni_cosmos3.model import _Context, _attention_per_row, attention
+
+    torch.manual_seed(0)
+    rows, gen_tokens, heads, kv_heads, dim = 4, 16, 8, 2, 32
+    lengths = [5, 9, 3, 9]
+    n_max = max(lengths)
+    keys, values = [torch.randn(rows, n_max, kv_heads, dim)], [torch.randn(rows, n_max, kv_heads, dim)]
+    mask = torch.ones(rows, n_max + gen_tokens, dtype=torch.bool)
+    for i, length in enumerate(lengths):
+        mask[i, length:n_max] = False
+    context = _Context(keys, values, mask[:, None, None, :], torch.empty(0), torch.empty(0), lengths)
+    q = torch.randn(rows, gen_tokens, heads, dim)
+    k, v = torch.randn(rows, gen_tokens, kv_heads, dim), torch.randn(rows, gen_tokens, kv_heads, dim)
+    batched = attention(q, torch.cat([keys[0], k], 1), torch.cat([values[0], v], 1), mask=context.mask)
+    torch.testing.assert_close(_attention_per_row(q, k, v, context, 0), batched, atol=1e-5, rtol=1e-5)

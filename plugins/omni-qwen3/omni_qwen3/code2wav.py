@@ -1,11 +1,12 @@
 """The Qwen3-Omni ``code2wav`` stage's model part: codec frames ``[T, Q]`` -> 24 kHz waveform.
 
 Wraps transformers' ``Qwen3OmniMoeCode2Wav`` loaded from the checkpoint's ``code2wav.*`` tensors.
-Chunking equals the reference: ``generate`` decodes with ``chunked_decode(300, 25)``, so the
-streaming defaults are chunk 300 / left context 25, which reproduce it exactly. The decoder's
-pre-transformer attends over a 72-frame sliding window (beyond a 25-frame context) and its causal
-transposed convolutions trim a fixed number of trailing samples per decode (`trimmed_samples`),
-so another chunking gives a different (equally valid) waveform, not the reference's.
+The reference (``generate``) decodes with ``chunked_decode(300, 25)``: segments of 300 frames, each
+restarting with 25 frames of context and losing its causal convolutions' trimmed tail. This model
+part declares exactly that (`segment_size` / `segment_context`), and streams in small chunks
+(`chunk_size` 25 frames) inside each segment with a left context of at least the decoder's
+receptive field (the pre-transformer's sliding window per layer plus the convolution stack), so
+the streamed waveform equals the reference's within float tolerance whatever the chunking.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ class Code2WavModel(GenerationModel):
 
     input_key = "codes"
     output_key = "audio"
-    chunk_size = 300
-    left_context = 25
+    chunk_size = 25
+    # The reference's chunked_decode(300, 25) (omni_qwen3.reference).
+    segment_size = 300
+    segment_context = 25
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage | None = None) -> None:
         from omni_qwen3.talker import read_config
@@ -46,6 +49,7 @@ class Code2WavModel(GenerationModel):
         for factor in list(config["upsample_rates"]) + list(config["upsampling_ratios"]):
             total *= int(factor)
         self.samples_per_frame = total
+        self.left_context = receptive_field(config)
         self.extra_outputs = {"sample_rate": SAMPLE_RATE}
         self.model: Any = None
         self.device = "cpu"
@@ -99,6 +103,17 @@ class Code2WavModel(GenerationModel):
             wav[row, : int(length) * self.samples_per_frame - self.trimmed_samples].float()
             for row, length in enumerate(lengths.tolist())
         ]
+
+
+# Frames the causal convolutions around the pre-transformer look back (kernel 7 at the frame rate,
+# then the upsampling blocks' kernels in frames): measured at under 8 on the tiny checkpoint.
+CONV_MARGIN = 16
+
+
+def receptive_field(config: dict[str, Any]) -> int:
+    """Frames of past input that can change a frame's output: each sliding-window attention layer
+    of the pre-transformer reaches `sliding_window` frames further back, plus the convolutions."""
+    return int(config["num_hidden_layers"]) * int(config["sliding_window"]) + CONV_MARGIN
 
 
 def code2wav_model(pipeline: ResolvedPipeline, stage: ResolvedStage) -> Code2WavModel:

@@ -9,7 +9,13 @@ transformers' ``Qwen3OmniMoeForConditionalGeneration.generate`` builds it:
   ``tts_pad``, ``tts_bos`` + the first generated token; plus codec ids nothink, think_bos,
   think_eos, speaker, pad, bos on the last six);
 - the trailing text: projected embeddings of generated tokens 1.. (the rows the thinker fed back)
-  then ``tts_eos``; the talker adds one per step, then ``tts_pad``.
+  then ``tts_eos``; the talker adds one per step, then ``tts_pad``;
+- for image (and video) prompts, the talker's 3-D M-RoPE positions: transformers' ``get_rope_index``
+  on the talker's input ids with the thinker's ``image_grid_thw`` (sent in its first chunk).
+
+It streams: the talker's prompt needs only the first generated token's row (the thinker's second
+chunk), so the adapter emits it then, and each later thinker chunk becomes more trailing text
+(``tts_eos`` with the last). The talker runtime holds the talker where its text runs out.
 
 The speaker's codec embedding is added by the talker's model part (`omni_qwen3.talker`), which
 sees the request's parameters; this adapter marks its row. It runs in the talker's worker.
@@ -42,6 +48,8 @@ class TalkerInput:
     trailing: torch.Tensor  # [T, H]
     tts_pad: torch.Tensor  # [H]
     input_ids: torch.Tensor  # [P] thinker ids of the user rows, tts_pad for the assistant rows
+    mrope_positions: torch.Tensor | None = None  # [3, P] for multimodal (image/video) prompts
+    mrope_delta: int = 0
 
 
 def build_talker_input(
@@ -49,11 +57,16 @@ def build_talker_input(
     prompt_ids: list[int],
     embeds: torch.Tensor,
     hidden: torch.Tensor,
+    final: bool = True,
+    grids: dict[str, Any] | None = None,
 ) -> TalkerInput:
     """Talker input from the thinker's prompt ids and its captured rows.
 
     `embeds` / `hidden` hold one row per token the thinker fed through its model: the prompt, then
-    each generated token but the last (``[P + G - 1, H_thinker]``).
+    generated tokens (all but the last one once the thinker finished: ``[P + G - 1, H_thinker]``).
+    Not `final`: the thinker goes on, and ``trailing`` holds the text rows so far, without
+    ``tts_eos``. `grids`: the thinker's ``image_grid_thw`` / ``video_grid_thw`` /
+    ``audio_feature_lengths``, for the M-RoPE positions.
     """
     import torch
 
@@ -110,24 +123,62 @@ def build_talker_input(
         # The first generated token may be missing (it was the last one): slices then agree with
         # transformers', which slices the same short tensor.
         assistant_part = text_part + codec_part[: text_part.shape[0]]
-        trailing = torch.cat([assistant[ASSISTANT_PREFIX + 1 :], tts_eos])
+        trailing = assistant[ASSISTANT_PREFIX + 1 :]
+        if final:
+            trailing = torch.cat([trailing, tts_eos])
         prompt = torch.cat([user_rows, assistant_part])
         input_ids = torch.cat([ids[user], torch.full((assistant_part.shape[0],), config["tts_pad_token_id"])])
+    positions, delta = talker_positions(config, input_ids, grids or {})
     return TalkerInput(
         prompt_embeds=prompt,
         speaker_row=user_rows.shape[0] + ASSISTANT_PREFIX + 3,
         trailing=trailing,
         tts_pad=tts_pad[0],
         input_ids=input_ids,
+        mrope_positions=positions,
+        mrope_delta=delta,
     )
 
 
-class ThinkerToTalker:
-    """Edge adapter thinker -> talker: collects the thinker's rows, emits the talker's input.
+def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dict[str, Any]) -> tuple[torch.Tensor | None, int]:
+    """The talker's 3-D M-RoPE positions ``[3, P]`` and decode delta, as transformers computes them
+    (``get_rope_index`` on the talker input ids); ``(None, 0)`` when the prompt has no image or
+    video (then positions are plain 0..P-1, which the talker uses by default)."""
+    import types
 
-    The talker starts when the thinker's last chunk arrives (its prompt needs only the first
-    generated token, but its per-step text must match transformers' exactly, which this version
-    guarantees by building it from the whole thinker output).
+    import torch
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTalkerConfig
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoePreTrainedModelForConditionalGeneration as Base,
+    )
+
+    image = grids.get("image_grid_thw")
+    video = grids.get("video_grid_thw")
+    if not image and not video:
+        return None, 0
+    talker_config = Qwen3OmniMoeTalkerConfig(**config["talker_config"])
+    # get_rope_index reads only these attributes of the talker model.
+    holder = types.SimpleNamespace(config=talker_config, spatial_merge_size=talker_config.spatial_merge_size)
+    holder.get_llm_pos_ids_for_vision = types.MethodType(Base.get_llm_pos_ids_for_vision, holder)
+    audio = grids.get("audio_feature_lengths")
+    ids = input_ids.view(1, -1)
+    positions, delta = Base.get_rope_index(
+        holder,
+        ids,
+        image_grid_thw=torch.as_tensor(image, dtype=torch.long) if image else None,
+        video_grid_thw=torch.as_tensor(video, dtype=torch.long) if video else None,
+        attention_mask=torch.ones_like(ids),
+        audio_seqlens=torch.as_tensor(audio, dtype=torch.long) if audio else None,
+    )
+    return positions[:, 0].round().long(), int(delta.view(-1)[0])
+
+
+class ThinkerToTalker:
+    """Edge adapter thinker -> talker: collects the thinker's rows, streams the talker's input.
+
+    The talker's input starts once the thinker's row of its first generated token arrived (or the
+    thinker finished); after that every thinker chunk adds its text rows to ``trailing`` (and the
+    last one ``tts_eos``). With one final thinker chunk (streaming off) it is one final input.
     """
 
     def __init__(self, pipeline: ResolvedPipeline, edge: ResolvedEdge | None = None) -> None:
@@ -147,29 +198,61 @@ class ThinkerToTalker:
         data = chunk.data
         if data.get("prompt_token_ids") is not None:
             state["prompt_ids"] = list(data["prompt_token_ids"])
+        for key in GRID_KEYS:
+            if data.get(key) is not None:
+                state.setdefault("grids", {})[key] = data[key]
         for key in ("thinker_embeds", "thinker_hidden"):
             rows = data.get(key)
             if rows is not None:
                 state.setdefault(key, []).append(torch.as_tensor(rows))
-        if not chunk.final:
-            return None
+        if state.get("started"):
+            return self._more_text(state, chunk.final)
         if "prompt_ids" not in state or "thinker_embeds" not in state or "thinker_hidden" not in state:
+            if not chunk.final:
+                return None
             raise InvalidRequestError(
                 "the thinker's chunks lack prompt_token_ids / thinker_embeds / thinker_hidden: the talker "
                 "needs the thinker to capture them (audio output requested)",
                 param="modalities",
             )
+        embeds = torch.cat(state.pop("thinker_embeds"))
+        hidden = torch.cat(state.pop("thinker_hidden"))
+        prompt_len = len(state["prompt_ids"])
+        if embeds.shape[0] <= prompt_len and not chunk.final:
+            # The prompt needs the first generated token's row: it comes with the next chunk.
+            state["thinker_embeds"], state["thinker_hidden"] = [embeds], [hidden]
+            return None
         built = build_talker_input(
-            self.weights(),
-            state["prompt_ids"],
-            torch.cat(state.pop("thinker_embeds")),
-            torch.cat(state.pop("thinker_hidden")),
+            self.weights(), state["prompt_ids"], embeds, hidden, final=chunk.final, grids=state.get("grids")
         )
-        from omni_qwen3.talker import SIDE_INPUTS_PARAM
+        state["started"] = True
+        out: dict[str, Any] = {
+            "prompt_embeds": built.prompt_embeds,
+            "speaker_row": built.speaker_row,
+            "trailing": built.trailing,
+            "tts_pad": built.tts_pad,
+        }
+        if built.mrope_positions is not None:
+            out["mrope_positions"] = built.mrope_positions
+            out["mrope_delta"] = built.mrope_delta
+        return StageInput(data=out, final=chunk.final)
 
-        side: dict[str, Any] = {"trailing": built.trailing, "tts_pad": built.tts_pad}
-        return StageInput(
-            data={"prompt_embeds": built.prompt_embeds, "speaker_row": built.speaker_row},
-            final=True,
-            params={SIDE_INPUTS_PARAM: side},
-        )
+    def _more_text(self, state: dict[str, Any], final: bool) -> StageInput | None:
+        """Trailing text rows of the thinker's newly fed tokens (plus tts_eos at the end)."""
+        import torch
+
+        weights = self.weights()
+        parts = state.pop("thinker_embeds", [])
+        state.pop("thinker_hidden", None)
+        with torch.inference_mode():
+            rows = [weights.text_projection(torch.cat(parts).to(torch.float32))] if parts else []
+            if final:
+                rows.append(weights.text_projection(weights.thinker_embedding([weights.config["tts_eos_token_id"]])))
+        if not rows:
+            return None
+        return StageInput(data={"trailing": torch.cat(rows)}, final=final)
+
+
+GRID_KEYS = ("image_grid_thw", "video_grid_thw", "audio_feature_lengths")
+"""First-chunk keys of the thinker (`omni_qwen3.thinker.ThinkerModel.prompt_info`) the talker's
+positions need."""

@@ -23,8 +23,11 @@ THINKER_ONLY_ARCHITECTURE = "Qwen3OmniMoeThinkerForConditionalGeneration"
 INPUT_PROCESSOR = "omni_qwen3.inputs:Qwen3OmniInputProcessor"
 DEFAULT_DEPLOY = "omni_qwen3:deploy/default.yaml"
 THINKER_DEPLOY = "omni_qwen3:deploy/thinker.yaml"
-# The thinker's default answer length (a request's max_tokens overrides it).
+# Default lengths (a request's max_tokens overrides them): the thinker's answer, and the talker's
+# codec frames (12.5 a second) as transformers' generate(talker_max_new_tokens=4096); the talker
+# normally stops at its codec EOS well before.
 THINKER_MAX_TOKENS = 256
+TALKER_MAX_TOKENS = 4096
 
 
 def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
@@ -55,7 +58,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
         model="omni_qwen3.talker:talker_model",
         inputs=(EdgeSpec("thinker", adapter="omni_qwen3.edges:ThinkerToTalker"),),
         output=None,
-        params={"stop_token_ids": [int(talker_config["codec_eos_token_id"])]},
+        params={"max_tokens": TALKER_MAX_TOKENS, "stop_token_ids": [int(talker_config["codec_eos_token_id"])]},
     )
     code2wav = StageSpec(
         name="code2wav",

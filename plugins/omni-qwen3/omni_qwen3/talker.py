@@ -3,7 +3,8 @@
 The vLLM model class is `omni_qwen3.talker_model.Qwen3OmniTalkerForCausalLM`. This module says
 how the `ar` runtime starts it (the talker slice of the one checkpoint, prompt embeddings, no
 tokenizer), turns the edge adapter's input into an embeddings prompt plus per-request side inputs
-(speaker, trailing text), and shapes chunks as ``codes`` ``[n_frames, num_code_groups]``.
+(trailing text, streamed in while the request runs), how many frames the text so far allows, and
+shapes chunks as ``codes`` ``[n_frames, num_code_groups]``.
 Also here: `TalkerWeights`, the few small talker tensors the thinker -> talker edge needs.
 Nothing heavy is imported at module import.
 """
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 DEFAULT_SPEAKER = "Ethan"
 # Request parameters of the talker that are not vLLM sampling parameters.
 SPEAKER_PARAM = "speaker"
-SIDE_INPUTS_PARAM = "talker_side_inputs"
 # Codec ids generate() suppresses: the last 1024 of the talker vocabulary, except codec EOS.
 SUPPRESSED_TAIL = 1024
 
@@ -115,17 +115,21 @@ class TalkerWeights:
 
 @attrs.define
 class TalkerModel(ARModel):
-    """The talker stage's `ARModel`: embeddings prompt, side inputs in `extra_args`, ``codes`` chunks.
+    """The talker stage's `ARModel`: embeddings prompt, streamed trailing text, ``codes`` chunks.
 
-    Its input (from `omni_qwen3.edges.ThinkerToTalker`): ``prompt_embeds`` ``[P, H]`` without the
-    speaker's codec embedding, ``speaker_row`` (where it goes), and the params
-    ``talker_side_inputs`` (``trailing`` ``[T, H]``, ``tts_pad`` ``[H]``, optional
-    ``mrope_positions`` ``[3, P]`` / ``mrope_delta``). The speaker is the ``speaker`` parameter.
+    Its input (from `omni_qwen3.edges.ThinkerToTalker`): first ``prompt_embeds`` ``[P, H]`` without
+    the speaker's codec embedding, ``speaker_row`` (where it goes), ``tts_pad`` ``[H]``, optional
+    ``mrope_positions`` ``[3, P]`` / ``mrope_delta``, and ``trailing`` ``[T, H]`` (the text rows
+    so far); then more ``trailing`` rows as the thinker streams, ending with ``tts_eos`` in the
+    final input. Step j feeds trailing row j, so with T rows and more to come the request may
+    sample T + 1 codec tokens (`token_budget`); the runtime holds it there until more text comes.
+    The speaker is the ``speaker`` parameter.
     """
 
     skip_tokenizer_init: bool = True
     enable_prompt_embeds: bool = True
     capture_hidden_states: bool = True
+    streamed_input: bool = True
     _config: dict[str, Any] | None = attrs.field(default=None, init=False)
     _codec_embedding: Any = attrs.field(default=None, init=False)
     _checkpoint: str | None = attrs.field(default=None, init=False)
@@ -176,13 +180,36 @@ class TalkerModel(ARModel):
             self._codec_embedding = read_tensors(self._checkpoint, [name])[name].float()
         return self._codec_embedding[codec_id]
 
+    def token_budget(self, data: Payload, final: bool) -> int | None:
+        if final:
+            return None  # the text is complete: tts_pad after its end, as transformers does
+        trailing = data.get("trailing")
+        return (0 if trailing is None else int(trailing.shape[0])) + 1
+
+    def side_inputs(self, data: Payload, params: dict[str, Any], final: bool) -> dict[str, Any] | None:
+        import torch
+
+        side: dict[str, Any] = {"text_final": final}
+        for key in ("trailing", "tts_pad", "mrope_positions", "mrope_delta"):
+            if data.get(key) is not None:
+                side[key] = data[key]
+        if side.get("trailing") is None:
+            side["trailing"] = torch.zeros((0, int(data["prompt_embeds"].shape[1])))
+        return side
+
+    def continuation_prompt(self, stage_input: StageInput, prompt_token_ids: list[int], generated: list[int]) -> dict[str, Any]:
+        """The first prompt plus one row per generated token: the model class replaces those rows
+        with the frames' embeddings (its side inputs say which tokens they are)."""
+        import torch
+
+        embeds = self.make_prompt(stage_input)["prompt_embeds"]
+        return {"prompt_embeds": torch.cat([embeds, embeds.new_zeros((len(generated), embeds.shape[1]))])}
+
     def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
         from omni_core.stages.vllm_bridge import build_sampling_params
-        from omni_qwen3.talker_model import SIDE_INPUTS_KEY
 
         params = dict(params)
         speaker = params.pop(SPEAKER_PARAM, None)
-        side = params.pop(SIDE_INPUTS_PARAM, None)
         config = self._config
         if config is not None:
             talker = config["talker_config"]
@@ -193,10 +220,7 @@ class TalkerModel(ARModel):
             params["stop_token_ids"] = sorted({eos, *(params.get("stop_token_ids") or [])})
             if params.get("allowed_token_ids") is None:
                 params["allowed_token_ids"] = [*range(vocab - SUPPRESSED_TAIL), eos]
-        sampling = build_sampling_params(params, delta=delta)
-        if side is not None:
-            sampling.extra_args = {**(sampling.extra_args or {}), SIDE_INPUTS_KEY: side}
-        return sampling
+        return build_sampling_params(params, delta=delta)
 
     def chunk_data(self, delta: ARDelta) -> Payload:
         """``codes`` ``[n_frames, num_code_groups]`` (int64) per step, and the finish reason."""

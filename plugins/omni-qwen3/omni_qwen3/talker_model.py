@@ -10,13 +10,18 @@ vLLM samples codebook 0; this class adds what a codec frame needs on top, inside
 - The row's input embedding becomes the sum of the frame's codec embeddings plus the request's
   trailing text embedding for that step (`tts_pad` once the text ran out), as transformers'
   ``Qwen3OmniMoeTalkerForConditionalGeneration.prepare_inputs_for_generation`` builds it.
-- Frames are kept per request and position, so recomputing a preempted request (its generated
-  tokens come back as a prefill) reuses them: the result does not depend on scheduling.
+- Frames are kept per request and position (in the request's side-input store entry, which lives
+  as long as the request in the `ar` runtime), so recomputing a preempted request (its generated
+  tokens come back as a prefill) or resuming a request held for more text (a new vLLM request whose
+  prompt ends with the tokens generated so far) reuses them: the result does not depend on
+  scheduling.
 - Each row's frame leaves through the bridge's capture side channel (`HiddenStateCapture`'s rows:
   ``[rows, num_code_groups]`` int64, -1 for prompt rows), which the `ar` runtime drains per step.
 
-Per-request side inputs (trailing text, tts_pad, optional M-RoPE positions) come in
-``SamplingParams.extra_args[SIDE_INPUTS_KEY]`` (see `omni_qwen3.talker.TalkerModel`).
+Per-request side inputs (trailing text so far, whether it is complete, tts_pad, optional M-RoPE
+positions) come through the bridge's side-input store (`HiddenStateCapture.omni_side`), updated
+while the request runs as the thinker streams (see `omni_qwen3.talker.TalkerModel`). A step never
+reads text that has not arrived: the runtime stops the request at its token budget first.
 This module imports vLLM and transformers: load it only in a worker.
 """
 
@@ -28,10 +33,12 @@ import torch
 from vllm.model_executor.models.interfaces import SupportsMRoPE
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 
-from omni_core.stages.vllm_bridge import CapturedRows, HiddenStateCapture
+from omni_core.stages.vllm_bridge import FIRST_PROMPT_LEN, RESUMED_TOKENS, CapturedRows, HiddenStateCapture
 
 ARCHITECTURE = "OmniQwen3OmniTalkerForCausalLM"
-SIDE_INPUTS_KEY = "omni_qwen3_talker"
+# Keys of the model's own per-request state in the side-input store entry.
+_FRAMES = "_frames"
+_LAST_HIDDEN = "_last_hidden"
 
 _NO_CODE = -1  # frame value of prompt rows in the side channel
 
@@ -60,10 +67,6 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             predictor_config, dtype=vllm_config.model_config.dtype
         )
         self.code_predictor.eval()
-        # Per request (vLLM's internal id): frames of generated tokens by index, and the final
-        # hidden state of the last row computed (the code predictor's input for the next frame).
-        self._frames: dict[str, list[torch.Tensor]] = {}
-        self._last_hidden: dict[str, torch.Tensor] = {}
 
     # --- vLLM hooks ---------------------------------------------------------------------------
 
@@ -107,7 +110,8 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             inputs_embeds, positions, frames = self._prepare(layout, inputs_embeds, positions)
         hidden = Qwen3MoeForCausalLM.forward(self, input_ids, positions, intermediate_tensors, inputs_embeds)
         for (req_id, row_start, row_end, pos_start), rows in zip(layout, frames):
-            self._last_hidden[req_id] = hidden[row_end - 1].detach().clone()
+            # The code predictor's input for the next frame (kept across a resumption too).
+            self.omni_side(req_id)[_LAST_HIDDEN] = hidden[row_end - 1].detach().clone()
             self.omni_captured.append(CapturedRows(req_id, pos_start, rows))
         return hidden
 
@@ -143,52 +147,51 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Frames and input embeddings of the generated-token rows; M-RoPE positions of requests
         that carry their own."""
-        self._forget_finished()
         groups = self.num_code_groups
         embeds = inputs_embeds.clone()
         positions = positions.clone()
         new_rows: list[tuple[str, int, int]] = []  # (request, row, generated index) needing a frame
+        code0: list[int] = []
         greedy: list[bool] = []
         for req_id, row_start, row_end, pos_start in layout:
             state = self.omni_request_state(req_id)
-            side = _side_inputs(state)
-            prompt_len = _prompt_len(state)
+            side = self.omni_side(req_id)
+            prompt_len = _prompt_len(state, side)
             mrope = side.get("mrope_positions")
             if mrope is not None and positions.ndim == 2:
                 positions[:, row_start:row_end] = _mrope_rows(mrope, int(side.get("mrope_delta", 0)), pos_start, row_end - row_start)
-            cached = self._frames.setdefault(req_id, [])
+            cached: list[torch.Tensor] = side.setdefault(_FRAMES, [])
             for row in range(max(row_start, row_start + prompt_len - pos_start), row_end):
                 index = pos_start + (row - row_start) - prompt_len  # generated token index
                 if index >= len(cached):
-                    if index != len(cached) or req_id not in self._last_hidden:
+                    if index != len(cached) or _LAST_HIDDEN not in side:
                         raise RuntimeError(f"talker request {req_id}: no frame state for generated token {index}")
                     new_rows.append((req_id, row, index))
+                    code0.append(_generated_token(state, side, index))
                     greedy.append(float(getattr(state.sampling_params, "temperature", 0.0) or 0.0) <= 0.0)
         if new_rows:
-            rows = torch.tensor([row for _, row, _ in new_rows], device=embeds.device)
-            past = torch.stack([self._last_hidden[req_id] for req_id, _, _ in new_rows])
-            code0 = torch.tensor(
-                [self.omni_request_state(req_id).output_token_ids[index] for req_id, _, index in new_rows],
-                device=embeds.device,
-                dtype=torch.long,
-            )
-            residual = self._predict_residuals(past, inputs_embeds[rows], torch.tensor(greedy))
-            for (req_id, _, index), frame in zip(new_rows, torch.cat([code0[:, None], residual], dim=1)):
-                assert index == len(self._frames[req_id])
-                self._frames[req_id].append(frame.cpu())
+            past = torch.stack([self.omni_side(req_id)[_LAST_HIDDEN] for req_id, _, _ in new_rows])
+            first = torch.tensor(code0, device=embeds.device, dtype=torch.long)
+            # The codebook-0 embeddings from the table, not from `inputs_embeds`: a resumed request's
+            # last token arrives as a prompt row (a placeholder), not as a decode row.
+            residual = self._predict_residuals(past, self.model.embed_input_ids(first), torch.tensor(greedy))
+            for (req_id, _, index), frame in zip(new_rows, torch.cat([first[:, None], residual], dim=1)):
+                cached = self.omni_side(req_id)[_FRAMES]
+                assert index == len(cached)
+                cached.append(frame.cpu())
         frames: list[torch.Tensor] = []
         for req_id, row_start, row_end, pos_start in layout:
             state = self.omni_request_state(req_id)
-            side = _side_inputs(state)
-            prompt_len = _prompt_len(state)
+            side = self.omni_side(req_id)
+            prompt_len = _prompt_len(state, side)
             out = torch.full((row_end - row_start, groups), _NO_CODE, dtype=torch.long)
-            first = max(row_start, row_start + prompt_len - pos_start)
-            if first < row_end:
-                first_index = pos_start + (first - row_start) - prompt_len
-                frame_block = torch.stack(self._frames[req_id][first_index : first_index + row_end - first])
-                out[first - row_start :] = frame_block
-                embeds[first:row_end] = self._frame_embeds(frame_block.to(embeds.device)) + _text_rows(
-                    side, first_index, row_end - first, embeds
+            first_row = max(row_start, row_start + prompt_len - pos_start)
+            if first_row < row_end:
+                first_index = pos_start + (first_row - row_start) - prompt_len
+                frame_block = torch.stack(side[_FRAMES][first_index : first_index + row_end - first_row])
+                out[first_row - row_start :] = frame_block
+                embeds[first_row:row_end] = self._frame_embeds(frame_block.to(embeds.device)) + _text_rows(
+                    side, first_index, row_end - first_row, embeds
                 )
             frames.append(out)
         return embeds, positions, frames
@@ -222,30 +225,35 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             total = total + self.code_predictor.model.codec_embedding[group - 1](frames[:, group])
         return total
 
-    def _forget_finished(self) -> None:
-        for req_id in [rid for rid in self._frames if self.omni_request_state(rid) is None]:
-            self._frames.pop(req_id, None)
-            self._last_hidden.pop(req_id, None)
 
 
-def _side_inputs(state: Any) -> dict[str, Any]:
-    extra = getattr(state.sampling_params, "extra_args", None) or {}
-    side = extra.get(SIDE_INPUTS_KEY)
-    if side is None:
-        raise RuntimeError("a Qwen3-Omni talker request lacks its side inputs (trailing text, tts_pad)")
-    return side
-
-
-def _prompt_len(state: Any) -> int:
+def _prompt_len(state: Any, side: dict[str, Any]) -> int:
+    """Rows of the request's first prompt (a resumed run's prompt also holds generated tokens)."""
+    if side.get(FIRST_PROMPT_LEN):
+        return int(side[FIRST_PROMPT_LEN])
     if state.prompt_embeds is not None:
         return int(state.prompt_embeds.shape[0])
     return len(state.prompt_token_ids or [])
 
 
+def _generated_token(state: Any, side: dict[str, Any], index: int) -> int:
+    """Codebook-0 token of generated index `index`: from the resumed prompt or this run's output."""
+    resumed: list[int] = side.get(RESUMED_TOKENS) or []
+    if index < len(resumed):
+        return int(resumed[index])
+    return int(state.output_token_ids[index - len(resumed)])
+
+
 def _text_rows(side: dict[str, Any], first: int, count: int, like: torch.Tensor) -> torch.Tensor:
-    """Trailing text embeddings for generated indexes [first, first+count); tts_pad past the end."""
+    """Trailing text embeddings for generated indexes [first, first+count); tts_pad past the end
+    once the text is complete (before that the runtime never lets a request get there)."""
     trailing: torch.Tensor = side["trailing"]
     pad: torch.Tensor = side["tts_pad"]
+    if first + count > trailing.shape[0] and not side.get("text_final", True):
+        raise RuntimeError(
+            f"talker step needs trailing text row {first + count - 1} but only {trailing.shape[0]} arrived: "
+            "the token budget should have held the request"
+        )
     out = pad.to(like.device, like.dtype).view(1, -1).expand(count, -1).clone()
     available = max(0, min(count, trailing.shape[0] - first))
     if available:
@@ -272,4 +280,4 @@ def _sample_top_k_top_p(logits: torch.Tensor, top_k: int = 50, top_p: float = 0.
     return indices.gather(-1, choice).squeeze(-1)
 
 
-__all__ = ["ARCHITECTURE", "Qwen3OmniTalkerForCausalLM", "SIDE_INPUTS_KEY", "talker_hf_config"]
+__all__ = ["ARCHITECTURE", "Qwen3OmniTalkerForCausalLM", "talker_hf_config"]

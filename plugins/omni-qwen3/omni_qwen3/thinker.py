@@ -48,6 +48,8 @@ class ThinkerModel(ARModel):
     nothing. Requests whose input says ``capture_hidden: False`` (no audio wanted) get no rows.
     """
 
+    _model_path: str | None = attrs.field(default=None, init=False)
+
     def __attrs_post_init__(self) -> None:
         self.hf_overrides = {**self.hf_overrides, "architectures": [ARCHITECTURE]}
 
@@ -64,6 +66,7 @@ class ThinkerModel(ARModel):
         if talker is not None:
             self.hidden_state_layers = {EMBEDS_KEY: 0, HIDDEN_KEY: int(talker["accept_hidden_layer"])}
         args = super().engine_args(pipeline, stage)
+        self._model_path = str(args["model"])
         # The capture class is registered by object (in this process), so vLLM must not look the
         # architecture up in the checkpoint's own config.
         args["hf_overrides"] = {**args.get("hf_overrides", {}), "architectures": [ARCHITECTURE]}
@@ -75,6 +78,15 @@ class ThinkerModel(ARModel):
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
         data = {k: v for k, v in stage_input.data.items() if k != CAPTURE_KEY}
         return super().make_prompt(StageInput(data=data, final=stage_input.final, params=stage_input.params))
+
+    def prompt_info(self, stage_input: StageInput) -> Payload:
+        """``image_grid_thw`` / ``audio_feature_lengths`` of the prompt's media, in the first chunk:
+        the talker's 3-D positions need them (only computed when the talker runs)."""
+        media = stage_input.data.get("multi_modal_data") or {}
+        if not media or not self.wants_hidden_states(stage_input) or not self.capture_hidden_states:
+            return {}
+        assert self._model_path is not None
+        return _media_sizes(self._model_path, media)
 
     def chunk_data(self, delta: ARDelta) -> Payload:
         data = super().chunk_data(delta)
@@ -91,6 +103,41 @@ def _read_config(model_path: str) -> dict[str, Any]:
     from omni_core.config.modelref import read_hf_config
 
     return read_hf_config(model_path)
+
+
+def _media_sizes(model_path: str, media: Mapping[str, Any]) -> Payload:
+    """Image grids and audio feature lengths as the HF processor computes them (plain lists)."""
+    out: Payload = {}
+    images = media.get("image")
+    if images:
+        processor = _image_processor(model_path)
+        grids = processor(images=list(images) if isinstance(images, (list, tuple)) else [images], return_tensors="pt")
+        out["image_grid_thw"] = grids["image_grid_thw"].tolist()
+    audios = media.get("audio")
+    if audios:
+        from omni_qwen3.reference import AUDIO_SAMPLING_RATE
+
+        extractor = _feature_extractor(model_path)
+        arrays = [a[0] if isinstance(a, tuple) else a for a in (audios if isinstance(audios, (list, tuple)) else [audios])]
+        features = extractor(
+            arrays, sampling_rate=AUDIO_SAMPLING_RATE, padding=True, truncation=False, return_attention_mask=True, return_tensors="pt"
+        )
+        out["audio_feature_lengths"] = features["attention_mask"].sum(-1).tolist()
+    return out
+
+
+@functools.cache
+def _image_processor(model_path: str) -> Any:
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(model_path)
+
+
+@functools.cache
+def _feature_extractor(model_path: str) -> Any:
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor.from_pretrained(model_path)
 
 
 @functools.cache

@@ -74,33 +74,74 @@ def run(stage_runtime: GenerationStageRuntime, requests: dict[str, list[np.ndarr
 
 
 def test_reference_generate_waveform(tiny_dir: Path, model: Any) -> None:
-    ref = reference_generate(tiny_dir, TEXT, model=model, max_new_tokens=8, talker_max_new_tokens=24)
-    assert ref.codes is not None and ref.waveform is not None
+    ref = reference_generate(tiny_dir, TEXT, model=model, max_new_tokens=8, talker_max_new_tokens=40)
+    assert ref.codes is not None and ref.waveform is not None and ref.codes.shape[1] > 25
     for streaming in (False, True):
-        waves, _ = run(runtime(tiny_dir, streaming), {"a": [ref.codes.T]})
+        stage_runtime = runtime(tiny_dir, streaming)
+        waves, steps = run(stage_runtime, {"a": [ref.codes.T]})
+        assert steps == (-(-ref.codes.shape[1] // stage_runtime.chunk_size) if streaming else 1)
         assert waves["a"].shape == ref.waveform.shape
         np.testing.assert_allclose(waves["a"], ref.waveform, atol=1e-5)
 
 
-def test_streamed_chunks_equal_the_reference_chunked_decode(tiny_dir: Path, model: Any) -> None:
-    """Over 300 frames the reference itself decodes in chunks of 300 with 25 frames of context."""
-    rng = np.random.default_rng(0)
-    codes = rng.integers(0, model.config.code2wav_config.codebook_size, size=(4, 650))
+def _stream_stepwise(stage_runtime: GenerationStageRuntime, pieces: list[np.ndarray]) -> list[np.ndarray]:
+    """Audio chunks emitted when `pieces` stream in one by one, stepping in between (as a talker
+    and code2wav run side by side)."""
+    out = []
+    stage_runtime.add_request("a", StageInput(data={"codes": pieces[0]}, final=len(pieces) == 1))
+    for i in range(1, len(pieces) + 1):
+        while stage_runtime.has_unfinished():
+            out += [chunk.data["audio"] for chunk in stage_runtime.step()]
+        if i < len(pieces):
+            stage_runtime.extend_request("a", StageInput(data={"codes": pieces[i]}, final=i == len(pieces) - 1))
+    return out
+
+
+def test_small_streamed_chunks_equal_one_full_decode(tiny_dir: Path, model: Any) -> None:
+    """Under 300 frames the reference is one decode: 25-frame chunks with a left context over the
+    receptive field, the trimmed tails re-decoded, give the same samples; too little context not."""
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, model.config.code2wav_config.codebook_size, size=(4, 120))
     expected = decode_codes(model, codes)
-    # Streamed in uneven pieces; decoded in 3 chunks (300, 300, 50).
-    pieces = [codes.T[:120], codes.T[120:410], codes.T[410:]]
-    waves, steps = run(runtime(tiny_dir, streaming=True), {"a": pieces})
-    assert steps == 3
+    pieces = [codes.T[i : i + 10] for i in range(0, 120, 10)]  # a talker emitting 10 frames at a time
+    stage_runtime = runtime(tiny_dir, streaming=True)
+    assert stage_runtime.chunk_size == 25 and stage_runtime.left_context >= 80
+    chunks = _stream_stepwise(stage_runtime, pieces)
+    spf = stage_runtime.model.samples_per_frame
+    # The first audio after 25 frames, not after the whole answer.
+    assert chunks[0].shape[0] == 25 * spf - stage_runtime.model.trimmed_samples and len(chunks) == 120 // 25 + 1
+    waveform = np.concatenate(chunks)
+    assert waveform.shape == expected.shape
+    np.testing.assert_allclose(waveform, expected, atol=1e-5)
+    short, _ = run(runtime(tiny_dir, streaming=True, left_context=20), {"a": pieces})
+    assert short["a"].shape == expected.shape
+    assert np.abs(short["a"] - expected).max() > 1e-3  # the context matters: the test can fail
+
+
+@pytest.mark.parametrize("chunk_size", [25, 300])
+def test_streamed_chunks_equal_the_reference_chunked_decode(tiny_dir: Path, model: Any, chunk_size: int) -> None:
+    """Over 300 frames the reference decodes in segments of 300 with 25 frames of context; any
+    chunking inside them, and the non-streaming decode, give its samples."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, model.config.code2wav_config.codebook_size, size=(4, 340))
+    expected = decode_codes(model, codes)
+    pieces = [codes.T[:120], codes.T[120:310], codes.T[310:]]
+    waves, steps = run(runtime(tiny_dir, streaming=True, chunk_size=chunk_size), {"a": pieces})
+    assert steps == sum(-(-n // chunk_size) for n in (300, 40))
     assert waves["a"].shape == expected.shape
     np.testing.assert_allclose(waves["a"], expected, atol=1e-5)
     assert np.abs(expected).mean() > 1e-3
+    if chunk_size == 25:
+        whole, steps = run(runtime(tiny_dir, streaming=False), {"a": pieces})
+        assert steps == 2  # one decode per segment, one chunk at the end
+        np.testing.assert_allclose(whole["a"], expected, atol=1e-5)
 
 
 def test_batched_requests_equal_alone(tiny_dir: Path, model: Any) -> None:
     rng = np.random.default_rng(1)
     size = model.config.code2wav_config.codebook_size
     requests = {f"r{i}": [rng.integers(0, size, size=(n, 4))] for i, n in enumerate((7, 31, 18))}
-    stage_runtime = runtime(tiny_dir, streaming=True)
+    stage_runtime = runtime(tiny_dir, streaming=True, chunk_size=32)
     waves, steps = run(stage_runtime, requests)
     assert steps == 1  # all three in one batched decode
     for rid, (codes,) in requests.items():

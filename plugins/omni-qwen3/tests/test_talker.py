@@ -97,6 +97,8 @@ def _thinker_chunk(tiny_dir: Path, model: Any, messages: Any, ref: ReferenceOutp
         "thinker_hidden": torch.cat([h[layer] for h in result.hidden_states], dim=1)[0],
         "finish_reason": "stop",
     }
+    if "image_grid_thw" in inputs:  # what the thinker stage sends in its first chunk
+        data["image_grid_thw"] = inputs["image_grid_thw"].tolist()
     return Chunk("req", "thinker", 0, data, final=True)
 
 
@@ -151,16 +153,74 @@ def test_codes_equal_transformers(talker: Any, cases: Any, name: str) -> None:
     np.testing.assert_array_equal(codes, ref.codes)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="image prompts need the talker's 3-D M-RoPE positions, which need the thinker's image_grid_thw "
-    "(not in its chunks yet); talker_model already applies side-input mrope_positions",
-)
 def test_image_codes_equal_transformers(talker: Any, cases: Any) -> None:
+    """Image prompts: 3-D M-RoPE positions from the thinker's image_grid_thw (first chunk)."""
     runtime, adapter = talker
     ref, chunk = cases["image"]
+    assert ref.codes is not None and len(np.unique(ref.codes[0])) >= 2
     codes = _run(runtime, {"image": _talker_input(adapter, chunk)})["image"]
     np.testing.assert_array_equal(codes, ref.codes)
+    # Without the grid the talker runs on text positions, and its codes differ: the test can fail.
+    no_grid = Chunk(chunk.request_id, chunk.stage, 0, {k: v for k, v in chunk.data.items() if k != "image_grid_thw"}, final=True)
+    assert not np.array_equal(_run(runtime, {"plain": _talker_input(adapter, no_grid)})["plain"], ref.codes)
+
+
+def test_streamed_thinker_chunks_give_the_same_codes(talker: Any, cases: Any) -> None:
+    """The thinker's output split per token (as it streams): the talker starts on the second chunk,
+    is held where its text runs out and resumed as more arrives, and still gives the reference's
+    codes, next to a request fed at once in the same batch."""
+    runtime, adapter = talker
+    for name in ("text", "image"):
+        ref, chunk = cases[name]
+        pieces = _split_like_the_thinker(chunk)
+        state: dict[str, Any] = {}
+        codes: list[torch.Tensor] = []
+        started = held_steps = 0
+        runtime.add_request("whole", _talker_input(adapter, cases["audio"][1]))
+        whole: list[torch.Tensor] = []
+        for i, piece in enumerate(pieces):
+            stage_input = adapter.on_chunk(state, piece)
+            if stage_input is None:
+                assert i == 0  # only the first chunk waits (for the first token's row)
+                continue
+            if not started:
+                stage_input.params = {"max_tokens": MAX_FRAMES, "temperature": 0.0, "speaker": "Ethan"}
+                runtime.add_request("streamed", stage_input)
+                started = 1
+            else:
+                runtime.extend_request("streamed", stage_input)
+            # A few engine steps per thinker chunk: the talker catches up and waits for text.
+            for _ in range(3):
+                if not runtime.has_unfinished():
+                    held_steps += 1
+                    break
+                for out in runtime.step():
+                    assert out.error is None, out.error
+                    (codes if out.request_id == "streamed" else whole).append(out.data["codes"])
+        while runtime.has_unfinished():
+            for out in runtime.step():
+                assert out.error is None, out.error
+                (codes if out.request_id == "streamed" else whole).append(out.data["codes"])
+        assert held_steps > 0  # it did wait for text
+        np.testing.assert_array_equal(torch.cat(codes).T.numpy(), ref.codes)
+        np.testing.assert_array_equal(torch.cat(whole).T.numpy(), cases["audio"][0].codes)
+
+
+def _split_like_the_thinker(chunk: Chunk) -> list[Chunk]:
+    """One final thinker chunk -> the per-step chunks a streaming thinker sends: the prompt rows
+    and token 0 first, then each token with the row of the token before it."""
+    data = chunk.data
+    prompt_len = len(data["prompt_token_ids"])
+    tokens = data["token_ids"]
+    pieces = []
+    for i, token in enumerate(tokens):
+        rows = slice(0, prompt_len) if i == 0 else slice(prompt_len + i - 1, prompt_len + i)
+        piece = {"token_ids": [token], "thinker_embeds": data["thinker_embeds"][rows], "thinker_hidden": data["thinker_hidden"][rows]}
+        if i == 0:
+            piece["prompt_token_ids"] = data["prompt_token_ids"]
+            piece.update({k: data[k] for k in ("image_grid_thw",) if k in data})
+        pieces.append(Chunk(chunk.request_id, chunk.stage, i, piece, final=i == len(tokens) - 1))
+    return pieces
 
 
 def test_batched_requests_equal_alone(talker: Any, cases: Any, tiny_dir: Path, model: Any) -> None:

@@ -1,0 +1,301 @@
+"""Qwen3-Omni end to end: thinker -> talker -> code2wav through the engine, against transformers.
+
+One engine per module on the default deploy (three stage processes, shared-memory connectors,
+streaming on) serves a tiny checkpoint; greedy sampling in every stage. Each request must give
+transformers' ``generate`` results exactly: the thinker's token ids, the talker's codec codes and
+(within float tolerance) the waveform.
+
+The talker's codes are internal to the pipeline (its stage has no user output). To read them
+without changing the code under test, the module's resolved pipeline gives the talker stage a
+user-facing modality (``action``) with `attrs.evolve`: requests that ask for it get the talker's
+chunks as `OutputDelta`s (``data["codes"]``); requests that do not behave as in production.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator
+
+import attrs
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("transformers")
+
+from omni_qwen3.reference import ReferenceOutput, load_model, reference_generate, sine_wave, synthetic_image  # noqa: E402
+from omni_qwen3.tiny import make_tiny  # noqa: E402
+
+from omni_core.config import resolve  # noqa: E402
+from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
+from omni_core.engine.offline import Omni  # noqa: E402
+from omni_core.engine.request import OmniRequest  # noqa: E402
+from omni_core.engine.result import OmniResult  # noqa: E402
+from omni_core.errors import InvalidRequestError  # noqa: E402
+from omni_core.outputs import OutputDelta  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+MAX_TEXT = 12
+MAX_FRAMES = 16  # talker tokens: MAX_FRAMES - 1 codec frames (the last token only ends the stream)
+# Greedy everywhere; the thinker's end-of-turn and the talker's codec EOS stay the pipeline's stops.
+GREEDY = {"thinker": {"max_tokens": MAX_TEXT, "temperature": 0.0}, "talker": {"max_tokens": MAX_FRAMES, "temperature": 0.0}}
+# The test-only tap: the talker's chunks reach the user under this modality.
+TAP = "action"
+WITH_CODES = ("text", "audio", TAP)
+WAVE_ATOL = 1e-5
+
+
+def wav_base64(audio: np.ndarray, rate: int = 16000) -> str:
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, rate, format="WAV", subtype="FLOAT")  # float: exact round trip
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def png_data_url(image: Any) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+AUDIO = sine_wave(1.0)
+IMAGE = synthetic_image(64, 96)
+# The same requests in OpenAI format (what the engine takes) and in the reference's format.
+OPENAI: dict[str, list[dict[str, Any]]] = {
+    "text": [{"role": "user", "content": "Hello world, what is this?"}],
+    "audio": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": wav_base64(AUDIO), "format": "wav"}},
+        {"type": "text", "text": "What is this sound?"},
+    ]}],
+    "image": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": png_data_url(IMAGE)}},
+        {"type": "text", "text": "Describe it."},
+    ]}],
+}
+REFERENCE: dict[str, list[dict[str, Any]]] = {
+    "text": OPENAI["text"],
+    "audio": [{"role": "user", "content": [{"type": "audio", "audio": AUDIO}, {"type": "text", "text": "What is this sound?"}]}],
+    "image": [{"role": "user", "content": [{"type": "image", "image": IMAGE}, {"type": "text", "text": "Describe it."}]}],
+}
+
+
+@attrs.define
+class Outcome:
+    """One request's accumulated result plus the talker's codes ``[num_code_groups, frames]``."""
+
+    result: OmniResult
+    codes: np.ndarray | None
+    deltas: dict[str, int]  # deltas per stage: streaming gives many, one-shot one
+
+
+def tapped(pipeline: ResolvedPipeline) -> ResolvedPipeline:
+    """`pipeline` with the talker's chunks also sent to the user (modality `TAP`); nothing else changes."""
+    talker = attrs.evolve(pipeline.stage("talker"), output=TAP)
+    return attrs.evolve(pipeline, stages=tuple(talker if s.name == "talker" else s for s in pipeline.stages))
+
+
+def run(omni: Omni, requests: list[OmniRequest]) -> list[Outcome]:
+    """Run `requests` concurrently; each outcome with the codes the talker streamed, in order."""
+    deltas: dict[str, list[OutputDelta]] = {r.request_id: [] for r in requests}
+    results = omni.generate(requests, on_delta=lambda d: deltas[d.request_id].append(d))
+    outcomes = []
+    for request, result in zip(requests, results):
+        own = deltas[request.request_id]
+        frames = [d.data["codes"] for d in sorted((d for d in own if d.stage == "talker"), key=lambda d: d.index)]
+        codes = np.concatenate([np.asarray(f).reshape(-1, np.asarray(f).shape[-1]) for f in frames]).T if frames else None
+        counts: dict[str, int] = {}
+        for delta in own:
+            counts[delta.stage] = counts.get(delta.stage, 0) + 1
+        outcomes.append(Outcome(result, codes, counts))
+    return outcomes
+
+
+def request(name: str, modalities: tuple[str, ...] = WITH_CODES, **fields: Any) -> OmniRequest:
+    return OmniRequest(messages=OPENAI[name], modalities=modalities, params=GREEDY, **fields)
+
+
+def assert_equal_reference(outcome: Outcome, ref: ReferenceOutput, name: str) -> None:
+    result = outcome.result
+    assert result.prompt_token_ids == ref.prompt_ids, name
+    assert result.token_ids == ref.thinker_ids, name
+    assert ref.codes is not None and ref.waveform is not None
+    assert outcome.codes is not None, f"{name}: no talker chunks reached the tap"
+    np.testing.assert_array_equal(outcome.codes, ref.codes, err_msg=f"{name}: talker codes")
+    assert result.sample_rate == 24000
+    assert result.audio.shape == ref.waveform.shape, name
+    np.testing.assert_allclose(result.audio, ref.waveform, atol=WAVE_ATOL, err_msg=f"{name}: waveform")
+
+
+def assert_same(a: Outcome, b: Outcome, what: str) -> None:
+    assert a.result.prompt_token_ids == b.result.prompt_token_ids, what
+    assert a.result.token_ids == b.result.token_ids, what
+    assert a.result.text == b.result.text, what
+    np.testing.assert_array_equal(a.codes, b.codes, err_msg=f"{what}: codes")
+    assert a.result.audio.shape == b.result.audio.shape, what
+    np.testing.assert_allclose(a.result.audio, b.result.audio, atol=WAVE_ATOL, err_msg=f"{what}: waveform")
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
+    make_tiny(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def references(tiny_dir: Path) -> dict[str, ReferenceOutput]:
+    model = load_model(tiny_dir)
+    refs = {
+        name: reference_generate(tiny_dir, messages, model=model, max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES)
+        for name, messages in REFERENCE.items()
+    }
+    for name, ref in refs.items():  # outputs that vary, or equality would prove little
+        assert len(set(ref.thinker_ids)) >= 3, name
+        assert ref.codes is not None and len(np.unique(ref.codes[0])) >= 3, name
+    return refs
+
+
+@pytest.fixture(scope="module")
+def omni(tiny_dir: Path) -> Iterator[Omni]:
+    pipeline = resolve(str(tiny_dir))
+    # The default deploy is what is under test.
+    assert pipeline.streaming and all(s.placement == "process" for s in pipeline.stages)
+    assert {e.connector for s in pipeline.stages for e in s.inputs} == {"shm"}
+    with Omni(tapped(pipeline)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def alone(omni: Omni) -> dict[str, Outcome]:
+    """Each prompt run on its own (the baseline for the concurrency and streaming tests)."""
+    return {name: run(omni, [request(name)])[0] for name in OPENAI}
+
+
+# -- correctness -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["text", "audio", "image"])
+def test_thinker_ids_equal_transformers(alone: dict[str, Outcome], references: dict[str, ReferenceOutput], name: str) -> None:
+    result, ref = alone[name].result, references[name]
+    assert result.prompt_token_ids == ref.prompt_ids
+    assert result.token_ids == ref.thinker_ids
+    assert result.finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("name", ["text", "audio", "image"])
+def test_codes_and_waveform_equal_transformers(
+    alone: dict[str, Outcome], references: dict[str, ReferenceOutput], name: str
+) -> None:
+    assert_equal_reference(alone[name], references[name], name)
+
+
+def test_streaming_sends_pieces(alone: dict[str, Outcome]) -> None:
+    """Streaming on: the thinker's text and the talker's frames arrive step by step."""
+    outcome = alone["text"]
+    assert outcome.deltas["thinker"] == len(outcome.result.token_ids)
+    assert outcome.codes is not None and outcome.deltas["talker"] >= outcome.codes.shape[1]
+
+
+def test_streaming_off_agrees(tiny_dir: Path, alone: dict[str, Outcome], references: dict[str, ReferenceOutput]) -> None:
+    with Omni(tapped(resolve(str(tiny_dir), overrides=("streaming=false",)))) as engine:
+        outcomes = run(engine, [request("text"), request("audio")])
+    for name, outcome in zip(("text", "audio"), outcomes):
+        assert outcome.deltas == {"thinker": 1, "talker": 1, "code2wav": 1}, name  # one final chunk each
+        assert_same(outcome, alone[name], f"{name}: streaming off vs on")
+        assert_equal_reference(outcome, references[name], name)
+
+
+def test_eight_concurrent_requests_equal_alone(omni: Omni, alone: dict[str, Outcome]) -> None:
+    """Eight requests of different kinds, lengths and voices batched together: each as alone."""
+    extra = [
+        OmniRequest(prompt=f"hello {'the ' * i}world, what is this picture?", modalities=WITH_CODES, params=GREEDY)
+        for i in range(4)
+    ]
+    extra.append(OmniRequest(messages=OPENAI["text"], modalities=WITH_CODES, params=GREEDY, extra={"voice": "Chelsie"}))
+    singles = [run(omni, [attrs.evolve(r, request_id=f"{r.request_id}-alone")])[0] for r in extra]
+    together = run(omni, [request("text"), request("audio"), request("image"), *extra])
+    for name, outcome in zip(OPENAI, together[:3]):
+        assert_same(outcome, alone[name], f"{name}: concurrent vs alone")
+    for i, (outcome, single) in enumerate(zip(together[3:], singles)):
+        assert_same(outcome, single, f"extra {i}: concurrent vs alone")
+    # The requests differ, so equality is not trivial: distinct texts and a distinct voice.
+    assert len({tuple(o.result.token_ids) for o in together}) >= 5
+    assert not np.array_equal(together[-1].codes, together[0].codes)  # Chelsie vs Ethan, same text
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+
+def junk_b64(payload: bytes = b"junk" * 64) -> str:
+    return base64.b64encode(payload).decode()
+
+
+BAD_REQUESTS: dict[str, tuple[OmniRequest, str]] = {
+    "video output": (OmniRequest(prompt="hi", modalities=("text", "video")), "video"),
+    "undecodable audio": (
+        OmniRequest(messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": junk_b64(), "format": "wav"}}]}], modalities=("text", "audio")),
+        "decode the audio",
+    ),
+    "undecodable image": (
+        OmniRequest(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + junk_b64()}}]}], modalities=("text", "audio")),
+        "decode the image",
+    ),
+    "prompt longer than the context": (OmniRequest(prompt="hello world " * 5000, modalities=("text", "audio")), "context"),
+    # Rejected inside the thinker's worker process (vLLM's own check), not by the input processor.
+    "bad sampling parameter": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"thinker": {"top_p": 5.0}}), "top_p"),
+    "unknown voice": (OmniRequest(prompt="hi", modalities=("text", "audio"), extra={"voice": "Nobody"}), "voice"),
+}
+
+
+def test_bad_inputs_fail_alone(omni: Omni, alone: dict[str, Outcome]) -> None:
+    """Each bad request fails with InvalidRequestError; a concurrent good request is unaffected."""
+    with ThreadPoolExecutor(max_workers=len(BAD_REQUESTS) + 1) as pool:
+        good = pool.submit(run, omni, [request("audio")])
+        bad = {name: pool.submit(omni.generate, r) for name, (r, _) in BAD_REQUESTS.items()}
+        for name, future in bad.items():
+            with pytest.raises(InvalidRequestError, match=BAD_REQUESTS[name][1]):
+                future.result(timeout=120)
+        (outcome,) = good.result(timeout=300)
+    assert_same(outcome, alone["audio"], "good request next to bad ones")
+    # The engine still serves afterwards.
+    (after,) = run(omni, [request("text")])
+    assert_same(after, alone["text"], "after the bad requests")
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_generate_writes_a_playable_wav(tmp_path: Path) -> None:
+    import soundfile
+
+    cache, out_dir = tmp_path / "cache", tmp_path / "out"
+    env = {**os.environ, "OMNI_CACHE": str(cache)}
+    command = [str(Path(sys.executable).with_name("omni")), "generate", "omni-tiny/qwen3-omni", "--prompt", "hello",
+               "--modalities", "text,audio", "--out", str(out_dir), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout[done.stdout.index("{"):])
+    config = json.loads((cache / "tiny" / "qwen3-omni" / "config.json").read_text())  # created on first use
+    assert out["prompt_token_ids"][:2] == [config["im_start_token_id"], config["user_token_id"]]
+    assert out["token_ids"] and isinstance(out["text"], str)
+    audio = out["audio"]
+    assert audio["sample_rate"] == 24000 and Path(audio["path"]).parent == out_dir
+    samples, rate = soundfile.read(audio["path"], dtype="float32")
+    assert rate == 24000 and samples.ndim == 1
+    assert len(samples) == audio["num_samples"] > 0
+    assert audio["duration_s"] == pytest.approx(len(samples) / 24000)
+    assert np.abs(samples).max() > 0  # sound, not silence

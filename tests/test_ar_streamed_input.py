@@ -1,0 +1,132 @@
+"""Streamed input to a running `ar` request (`ARModel.streamed_input`), on real vLLM.
+
+A model part that may generate only as many tokens as its input allows so far (`token_budget`) is
+held out of vLLM at that budget, other requests keep stepping, and it resumes (prompt + generated
+tokens, `continuation_prompt`) when more input comes: its tokens equal one uninterrupted greedy run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+pytest.importorskip("vllm")
+
+
+def _sibling(name: str) -> Any:
+    """The tiny-LM fixtures of test_ar_runtime.py (the test directory is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"omni_tests_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ar = _sibling("test_ar_runtime")
+MAX_TOKENS, _runtime = _ar.MAX_TOKENS, _ar._runtime
+tiny_lm, prompts, hf_model, hf_greedy = _ar.tiny_lm, _ar.prompts, _ar.hf_model, _ar.hf_greedy
+
+from omni_core.errors import InvalidRequestError  # noqa: E402
+from omni_core.outputs import Payload, StageInput  # noqa: E402
+from omni_core.stages.ar import ARStageRuntime  # noqa: E402
+from omni_core.stages.ar_model import ARModel  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+@attrs.define
+class _AllowanceLM(ARModel):
+    """Streams input: the key ``allowed`` grows; the request may generate that many tokens."""
+
+    streamed_input: bool = True
+
+    def token_budget(self, data: Payload, final: bool) -> int | None:
+        return None if final else int(data.get("allowed", 0))
+
+    def merge_input(self, previous: Payload, more: Payload) -> Payload:
+        return {**previous, "allowed": int(previous.get("allowed", 0)) + int(more.get("allowed", 0))}
+
+
+allowance_lm = _AllowanceLM()
+
+
+def _drain(runtime: ARStageRuntime, tokens: dict[str, list[int]], finals: set[str]) -> int:
+    steps = 0
+    while runtime.has_unfinished():
+        steps += 1
+        for chunk in runtime.step():
+            assert chunk.error is None, chunk.error
+            tokens.setdefault(chunk.request_id, []).extend(chunk.data["token_ids"])
+            assert ("finish_reason" in chunk.data) == chunk.final
+            if chunk.final:
+                finals.add(chunk.request_id)
+    return steps
+
+
+def test_held_requests_resume_with_the_same_tokens(tiny_lm: Any, prompts: Any, hf_greedy: Any) -> None:
+    runtime = _runtime(tiny_lm, f"{__name__}:allowance_lm", streaming=True, streamed_input_min_tokens=2)
+    try:
+        params = {"max_tokens": MAX_TOKENS, "min_tokens": MAX_TOKENS, "temperature": 0.0}
+        tokens: dict[str, list[int]] = {}
+        finals: set[str] = set()
+        # "a" waits for input it can use (1 < 2 tokens), "b" may run 3 tokens, "c" is whole.
+        runtime.add_request("a", StageInput(data={"prompt_token_ids": prompts[0], "allowed": 1}, params=params, final=False))
+        assert not runtime.has_unfinished()
+        runtime.add_request("b", StageInput(data={"prompt_token_ids": prompts[1], "allowed": 3}, params=params, final=False))
+        runtime.add_request("c", StageInput(data={"prompt_token_ids": prompts[2]}, params=params, final=True))
+        _drain(runtime, tokens, finals)
+        # "b" is held at its budget while "c" finished: no step waited for "b".
+        assert finals == {"c"} and len(tokens["b"]) == 3 and "a" not in tokens
+        assert tokens["b"] == hf_greedy[1][:3]
+        runtime.extend_request("a", StageInput(data={"allowed": 4}, final=False))
+        runtime.extend_request("b", StageInput(data={"allowed": 1}, final=False))  # 4 < 3 + 2: stays held
+        _drain(runtime, tokens, finals)
+        assert len(tokens["a"]) == 5 and len(tokens["b"]) == 3
+        runtime.extend_request("b", StageInput(data={"allowed": 4}, final=False))
+        runtime.extend_request("a", StageInput(data={}, final=True))
+        _drain(runtime, tokens, finals)
+        runtime.extend_request("b", StageInput(data={}, final=True))
+        _drain(runtime, tokens, finals)
+        assert finals == {"a", "b", "c"}
+        for i, rid in enumerate("abc"):
+            assert tokens[rid] == hf_greedy[i], rid
+        with pytest.raises(InvalidRequestError, match="not waiting"):
+            runtime.extend_request("a", StageInput(data={"allowed": 1}))
+    finally:
+        runtime.close()
+
+
+def test_abort_of_a_held_request(tiny_lm: Any, prompts: Any, hf_greedy: Any) -> None:
+    runtime = _runtime(tiny_lm, f"{__name__}:allowance_lm", streaming=True, streamed_input_min_tokens=1)
+    try:
+        params = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+        runtime.add_request("a", StageInput(data={"prompt_token_ids": prompts[0], "allowed": 2}, params=params, final=False))
+        tokens: dict[str, list[int]] = {}
+        _drain(runtime, tokens, set())
+        assert tokens["a"] == hf_greedy[0][:2]
+        runtime.abort_request("a")
+        with pytest.raises(InvalidRequestError):
+            runtime.extend_request("a", StageInput(data={"allowed": 2}))
+        assert not runtime.has_unfinished()
+    finally:
+        runtime.close()
+
+
+def test_without_streaming_input_waits_for_the_final_piece(tiny_lm: Any, prompts: Any, hf_greedy: Any) -> None:
+    """Streaming off: one final chunk per request, so a streamed-input request starts whole."""
+    runtime = _runtime(tiny_lm, f"{__name__}:allowance_lm", streaming=False)
+    try:
+        params = {"max_tokens": MAX_TOKENS, "min_tokens": MAX_TOKENS, "temperature": 0.0}
+        runtime.add_request("a", StageInput(data={"prompt_token_ids": prompts[3], "allowed": 5}, params=params, final=False))
+        assert not runtime.has_unfinished()
+        runtime.extend_request("a", StageInput(data={}, final=True))
+        tokens: dict[str, list[int]] = {}
+        finals: set[str] = set()
+        _drain(runtime, tokens, finals)
+        assert finals == {"a"} and tokens["a"] == hf_greedy[3]
+    finally:
+        runtime.close()
