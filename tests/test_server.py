@@ -120,7 +120,7 @@ CASES = {
         inline=("code2wav.placement=inline",),
         modalities=("text", "audio"),
         voice="chelsie",
-        greedy_stage_params={"talker": {"temperature": 0.0}},
+        greedy_stage_params={"talker": {"temperature": 0.0, "max_tokens": 40}},
     ),
 }
 

@@ -17,6 +17,7 @@ class OmniResult:
     `text`/`token_ids`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
     (float32 samples) and `sample_rate`, `images`, `video`/`fps` and `actions` from whichever
     stage sends those keys (a diffusion stage may send a video and its audio in one delta).
+    `actions` is an array (``[steps, action width]``), or a list of them for ``n`` samples.
     `extra` keeps any other keys per stage (last value wins).
     """
 
@@ -77,7 +78,7 @@ class OmniResult:
         return len(self.audio) / self.sample_rate
 
     def save(self, directory: str | Path) -> dict[str, str]:
-        """Write media outputs as files a person opens (WAV, PNG, MP4 with the audio muxed); return their paths by kind."""
+        """Write outputs as files a person opens (WAV, PNG, MP4 with the audio muxed, actions as .npy); return their paths by kind."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         paths: dict[str, str] = {}
@@ -99,6 +100,12 @@ class OmniResult:
             path = out / f"{self.request_id}-{i}.png"
             Image.fromarray(_numpy(image)).save(path)
             paths[f"image{i}" if i else "image"] = str(path)
+        if self.actions is not None:
+            import numpy as np
+
+            path = out / f"{self.request_id}-actions.npy"
+            np.save(path, _actions_array(self.actions))
+            paths["actions"] = str(path)
         return paths
 
     def to_json(self, paths: dict[str, str] | None = None) -> dict[str, Any]:
@@ -113,7 +120,19 @@ class OmniResult:
             result["video"] = {"path": (paths or {}).get("video"), "shape": list(_numpy(self.video).shape), "fps": self.fps}
         if self.images:
             result["images"] = [{"path": (paths or {}).get(f"image{i}" if i else "image"), "shape": list(_numpy(im).shape)} for i, im in enumerate(self.images)]
+        if self.actions is not None:
+            actions = _actions_array(self.actions)
+            result["actions"] = {"path": (paths or {}).get("actions"), "shape": list(actions.shape), "values": actions.tolist()}
         return result
+
+
+def _actions_array(actions: Any) -> Any:
+    """One array: ``n`` samples' actions (a list) are stacked on a leading axis."""
+    import numpy as np
+
+    if isinstance(actions, list):
+        return np.stack([_numpy(a) for a in actions]).astype("float32", copy=False)
+    return _numpy(actions).astype("float32", copy=False)
 
 
 def _numpy(value: Any) -> Any:

@@ -14,6 +14,10 @@ modules (`Cosmos3OmniTransformer`, `AutoencoderKLWan`, `Cosmos3AVAEAudioTokenize
 - Samples with equal latent shapes (and sound lengths) share a forward: that is the batch key.
 - Classifier-free guidance, per-sample schedulers (UniPC keeps history) and the VAE decode follow
   the pipeline exactly, so each request's output equals the pipeline run alone on it.
+- Action tasks (``policy``, ``inverse_dynamics``; checkpoints with ``action_gen``) add action
+  tokens after the vision tokens (embodiment-specific projections, one domain per sample) and keep
+  the conditioning latent frames clean (no timestep embedding, zero velocity), as the pipeline does
+  for a `CosmosActionCondition`; the conditioning frames are VAE-encoded once per request in `start`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, MissingDependencyError
 from omni_core.stages import diffusion_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
-from omni_cosmos3.tasks import TASKS, Request, parse_request
+from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
 
 
 @attrs.define
@@ -47,6 +51,29 @@ class _Row:
     kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: keys for gen [N, kvh, hd], values
 
 
+@attrs.define(eq=False)
+class _Conditioning:
+    """A request's conditioning frames: padded pixels until `start` encodes them, then clean latents."""
+
+    pixels: torch.Tensor | None  # [1, 3, T, H, W] in [-1, 1], the tier's canvas
+    image_size: torch.Tensor  # [canvas_h, canvas_w, content_h, content_w]
+    latents: torch.Tensor | None = None  # [1, C, T, h, w]: the content part of the encoded canvas
+
+
+@attrs.define
+class _Actions:
+    """Action state of a sample: the action stream is denoised beside the vision latents."""
+
+    domain_id: int
+    raw_dim: int  # the embodiment's action width; the channels beyond it stay zero
+    length: int  # action tokens (chunk_size)
+    noisy_frames: torch.Tensor  # [T] 1.0 where a vision latent frame is generated, 0.0 where it is conditioning
+    conditioning: _Conditioning
+    generator: torch.Generator  # draws the noise in `start`, after the encode, in the pipeline's order
+    latents: torch.Tensor | None = None  # [length, action_dim] float32
+    scheduler: Any = None
+
+
 @attrs.define
 class _State:
     request: Request
@@ -55,6 +82,7 @@ class _State:
     scheduler: Any
     sound_latents: torch.Tensor | None = None  # [Cs, Ts] float32
     sound_scheduler: Any = None
+    actions: _Actions | None = None
 
 
 class Cosmos3Model(DiffusionModel):
@@ -107,6 +135,7 @@ class Cosmos3Model(DiffusionModel):
         self.sf_spatial = int(pipe.vae_scale_factor_spatial)
         self.sf_temporal = int(pipe.vae_scale_factor_temporal)
         self.has_sound = pipe.sound_tokenizer is not None and bool(getattr(config, "sound_gen", False))
+        self.has_actions = bool(getattr(config, "action_gen", False))
 
     def close(self) -> None:
         self.pipe = None
@@ -132,6 +161,9 @@ class Cosmos3Model(DiffusionModel):
                 param="num_inference_steps",
             )
         pipe = self.pipe
+        conditioning = None
+        if request.action is not None:
+            request, conditioning = self._action_request(request)
         cond_ids, uncond_ids = pipe.tokenize_prompt(
             request.prompt,
             request.negative_prompt,
@@ -140,30 +172,85 @@ class Cosmos3Model(DiffusionModel):
             width=request.width,
             fps=request.fps,
             use_system_prompt=request.use_system_prompt,
+            action_mode=request.task if request.action is not None else None,
+            action_view_point=request.action.view_point if request.action is not None else None,
         )
         seed = request.seed if request.seed is not None else random.randrange(2**31)
         samples = []
         for index in range(request.n):
-            state = self._new_state(request, cond_ids, uncond_ids, seed + index)
-            key = (tuple(state.latents.shape), 0 if state.sound_latents is None else int(state.sound_latents.shape[1]))
+            state = self._new_state(request, cond_ids, uncond_ids, seed + index, conditioning)
+            key = (
+                tuple(state.latents.shape),
+                0 if state.sound_latents is None else int(state.sound_latents.shape[1]),
+                0 if state.actions is None else state.actions.length,
+            )
             samples.append(DiffusionSample(request_id, index, len(state.scheduler.timesteps), key, state))
         return samples
 
-    def _new_state(self, request: Request, cond_ids: list[int], uncond_ids: list[int], seed: int) -> _State:
+    def _action_request(self, request: Request) -> tuple[Request, _Conditioning]:
+        """Validate an action request against the checkpoint; size it and lay out its frames (no encode yet)."""
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS, CosmosActionCondition
+        from diffusers.video_processor import VideoProcessor
+
+        spec: ActionSpec = request.action
+        if not self.has_actions:
+            raise InvalidRequestError(
+                f"task {request.task!r} needs a checkpoint trained with action_gen; this one has no action head", param="task"
+            )
+        frames = spec.frames if spec.is_video else spec.frames[0]
+        try:
+            # diffusers' own checks: known embodiment with a fixed action width, mode vs frames.
+            condition = CosmosActionCondition(
+                mode=request.task, chunk_size=spec.chunk_size, domain_name=spec.domain, resolution_tier=spec.resolution_tier,
+                image=None if spec.is_video else frames, video=frames if spec.is_video else None, view_point=spec.view_point,
+            )
+        except ValueError as exc:
+            raise InvalidRequestError(f"{exc}", param="domain") from None
+        config = self.transformer.config
+        if condition.raw_action_dim > int(config.action_dim):
+            raise InvalidRequestError(
+                f"domain {spec.domain!r} has {condition.raw_action_dim} action channels; this checkpoint's action head "
+                f"has {config.action_dim}: pick an embodiment it was trained on",
+                param="domain",
+            )
+        pipe = self.pipe
+        clip = list(spec.frames)
+        probe = pipe.video_processor.preprocess_video(clip)
+        height, width = VideoProcessor.classify_height_width_bin(
+            int(probe.shape[-2]), int(probe.shape[-1]), ratios=_ACTION_RESOLUTION_BINS[str(spec.resolution_tier)]
+        )
+        pixels, image_size, _, _ = pipe._prepare_action_video_conditioning(
+            clip, spec.resolution_tier, spec.chunk_size + 1, device=self.device, dtype=torch.float32
+        )
+        request = attrs.evolve(request, width=int(width), height=int(height), num_frames=spec.chunk_size + 1)
+        return request, _Conditioning(pixels, image_size)
+
+    def _new_state(
+        self, request: Request, cond_ids: list[int], uncond_ids: list[int], seed: int, conditioning: _Conditioning | None = None
+    ) -> _State:
         from diffusers.utils.torch_utils import randn_tensor
 
         pipe = self.pipe
         generator = torch.Generator(device="cpu").manual_seed(seed)
+        height, width = request.height, request.width
+        if conditioning is not None:  # the latent keeps only the content, not the canvas padding
+            height, width = int(conditioning.image_size[2]), int(conditioning.image_size[3])
         latent_shape = (
             1,
             int(self.transformer.config.latent_channel),
             (request.num_frames - 1) // self.sf_temporal + 1,
-            request.height // self.sf_spatial,
-            request.width // self.sf_spatial,
+            max(height // self.sf_spatial, 1),
+            max(width // self.sf_spatial, 1),
         )
-        # The pipeline mixes the (all-zero) conditioning with the noise under an all-zero mask:
-        # for text-to-image/video that is the noise itself.
-        latents = randn_tensor(latent_shape, generator=generator, device=self.device, dtype=torch.float32)
+        actions = None
+        if conditioning is not None:
+            # The noise is drawn in `start`, once the conditioning frames are encoded.
+            latents = torch.zeros(latent_shape, device=self.device)
+            actions = self._new_actions(request, latent_shape[2], conditioning, generator)
+        else:
+            # The pipeline mixes the (all-zero) conditioning with the noise under an all-zero mask:
+            # for text-to-image/video that is the noise itself.
+            latents = randn_tensor(latent_shape, generator=generator, device=self.device, dtype=torch.float32)
         sound = None
         if request.sound:
             hop = pipe.sound_tokenizer._hop_size
@@ -177,7 +264,10 @@ class Cosmos3Model(DiffusionModel):
         else:
             scheduler.set_timesteps(request.num_inference_steps, device=self.device)
         branches = [cond_ids] + ([uncond_ids] if request.guidance_scale != 1.0 else [])
-        rows = [self._row(ids, latent_shape, sound, request.fps) for ids in branches]
+        action_len = actions.length if actions is not None else 0
+        rows = [self._row(ids, latent_shape, sound, request.fps, action_len) for ids in branches]
+        if actions is not None:
+            actions.scheduler = copy.deepcopy(scheduler)
         return _State(
             request=request,
             rows=rows,
@@ -185,9 +275,30 @@ class Cosmos3Model(DiffusionModel):
             scheduler=scheduler,
             sound_latents=sound,
             sound_scheduler=copy.deepcopy(scheduler) if sound is not None else None,
+            actions=actions,
         )
 
-    def _row(self, input_ids: list[int], latent_shape: tuple[int, ...], sound: torch.Tensor | None, fps: float) -> _Row:
+    def _new_actions(self, request: Request, latent_t: int, conditioning: _Conditioning, generator: torch.Generator) -> _Actions:
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID, _EMBODIMENT_TO_RAW_ACTION_DIM
+
+        spec = request.action
+        noisy = torch.ones(latent_t, device=self.device)
+        if request.task == "policy":
+            noisy[0] = 0.0  # the first frame is given
+        else:  # inverse_dynamics: every frame is given, only the actions are generated
+            noisy.zero_()
+        return _Actions(
+            domain_id=_EMBODIMENT_TO_DOMAIN_ID[spec.domain],
+            raw_dim=_EMBODIMENT_TO_RAW_ACTION_DIM[spec.domain],
+            length=spec.chunk_size,
+            noisy_frames=noisy,
+            conditioning=conditioning,
+            generator=generator,
+        )
+
+    def _row(
+        self, input_ids: list[int], latent_shape: tuple[int, ...], sound: torch.Tensor | None, fps: float, action_len: int = 0
+    ) -> _Row:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_text_tokens, get_3d_mrope_ids_vae_tokens
 
         config = self.transformer.config
@@ -218,6 +329,20 @@ class Cosmos3Model(DiffusionModel):
                 temporal_compression_factor=1,
             )
             parts.append(sound_positions)
+        if action_len:
+            action_positions, _ = get_3d_mrope_ids_vae_tokens(
+                grid_t=action_len,
+                grid_h=1,
+                grid_w=1,
+                temporal_offset=offset,
+                reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
+                fps=fps if modulated else None,
+                base_fps=float(config.base_fps),
+                temporal_compression_factor=1,
+                base_temporal_compression_factor=self.sf_temporal,
+                start_frame_offset=1,
+            )
+            parts.append(action_positions)
         dtype = torch.float32 if any(p.is_floating_point() for p in parts) or text_positions.is_floating_point() else torch.long
         gen_positions = torch.cat([p.to(dtype) for p in parts], dim=1)
         return _Row(list(input_ids), text_positions.to(self.device), gen_positions.to(self.device))
@@ -226,6 +351,9 @@ class Cosmos3Model(DiffusionModel):
 
     @torch.inference_mode()
     def start(self, samples: list[DiffusionSample]) -> None:
+        for sample in samples:
+            if sample.state.actions is not None:
+                self._start_actions(sample.state)
         rows = [row for sample in samples for row in sample.state.rows]
         transformer = self.transformer
         lengths = [len(row.input_ids) for row in rows]
@@ -255,6 +383,28 @@ class Cosmos3Model(DiffusionModel):
         for i, row in enumerate(rows):
             row.kv = [(k[i, : lengths[i]].clone(), v[i, : lengths[i]].clone()) for k, v in per_layer]
 
+    def _start_actions(self, state: _State) -> None:
+        """Encode the conditioning frames (once per request) and draw the initial vision and action noise."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        pipe, actions = self.pipe, state.actions
+        conditioning = actions.conditioning
+        if conditioning.latents is None:
+            encoded = pipe._encode_video(conditioning.pixels).contiguous().float()
+            conditioning.latents = pipe._remove_action_video_padding_from_latent(encoded, conditioning.image_size)
+            conditioning.pixels = None
+        x0 = conditioning.latents
+        if tuple(x0.shape) != tuple(state.latents.shape):
+            raise RuntimeError(f"conditioning latents {tuple(x0.shape)} differ from the planned {tuple(state.latents.shape)}")
+        # Same draws in the same order as `Cosmos3OmniPipeline.prepare_latents`: vision, then actions.
+        noise = randn_tensor(tuple(x0.shape), generator=actions.generator, device=self.device, dtype=torch.float32)
+        given = (1.0 - actions.noisy_frames).view(1, 1, -1, 1, 1)
+        state.latents = given * x0 + (1.0 - given) * noise
+        shape = (actions.length, int(self.transformer.config.action_dim))
+        latents = randn_tensor(shape, generator=actions.generator, device=self.device, dtype=torch.float32)
+        latents[:, actions.raw_dim :] = 0
+        actions.latents = latents
+
     # -- one denoising step for a group ------------------------------------------------------------
 
     @torch.inference_mode()
@@ -273,11 +423,24 @@ class Cosmos3Model(DiffusionModel):
         # One stacked tensor, not .item() per sample: each .item() would wait for the GPU.
         scaled = torch.stack([torch.as_tensor(t, device=self.device) for t in timesteps]).float() * config.timestep_scale
         temb = transformer.time_embedder(transformer.time_proj(scaled).to(time_dtype)).to(tokens.dtype)[:, None]
-        parts = [tokens + temb]
+        has_actions = states[0].actions is not None
+        if has_actions:
+            # Conditioning frames get no timestep embedding (the pipeline adds it to noisy frames only).
+            per_frame = tokens.shape[1] // latents.shape[2]
+            noisy = torch.stack([st.actions.noisy_frames for st in states]).repeat_interleave(per_frame, dim=1)
+            parts = [tokens + temb * noisy[:, :, None].to(tokens.dtype)]
+        else:
+            parts = [tokens + temb]
         if states[0].sound_latents is not None:
             sound = torch.stack([st.sound_latents for st in states]).transpose(1, 2).to(tokens.dtype)
             parts.append(transformer.audio_proj_in(sound) + transformer.audio_modality_embed + temb)
         num_vision = tokens.shape[1]
+        num_sound = parts[1].shape[1] if len(parts) > 1 else 0
+        if has_actions:
+            domains = torch.tensor([st.actions.domain_id for st in states], device=self.device)
+            action_in = torch.stack([st.actions.latents for st in states]).to(tokens.dtype)  # [S, Ta, D]
+            # Every action token is generated in these tasks, so every one gets the timestep embedding.
+            parts.append(transformer.action_proj_in(action_in, domains) + transformer.action_modality_embed + temb)
         gen = torch.cat(parts, dim=1)[row_sample]  # [B, M, H]
 
         context = self._context(samples[0].batch_key, rows, gen)
@@ -293,7 +456,12 @@ class Cosmos3Model(DiffusionModel):
         preds_vision = _unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
         preds_sound = None
         if states[0].sound_latents is not None:
-            preds_sound = transformer.audio_proj_out(gen[:, num_vision:]).transpose(1, 2)  # [B, Cs, Ts]
+            preds_sound = transformer.audio_proj_out(gen[:, num_vision : num_vision + num_sound]).transpose(1, 2)  # [B, Cs, Ts]
+        preds_action = None
+        if has_actions:
+            # Conditioning frames have no velocity (the pipeline predicts only the noisy ones).
+            preds_vision = preds_vision * _noisy_frames_rows(states, row_sample).to(preds_vision.dtype)
+            preds_action = transformer.action_proj_out(gen[:, num_vision + num_sound :], domains[row_sample])  # [B, Ta, D]
 
         first = 0
         for sample, state, t in zip(samples, states, timesteps):
@@ -307,6 +475,15 @@ class Cosmos3Model(DiffusionModel):
                 state.sound_latents = state.sound_scheduler.step(
                     velocity.unsqueeze(0), t, state.sound_latents.unsqueeze(0), return_dict=False
                 )[0].squeeze(0)
+            if preds_action is not None:
+                actions = state.actions
+                velocity = preds_action[first : first + count].float()
+                velocity[:, :, actions.raw_dim :] = 0
+                velocity = _guided(velocity, state.request.guidance_scale)
+                actions.latents = actions.scheduler.step(
+                    velocity.unsqueeze(0), t, actions.latents.unsqueeze(0), return_dict=False
+                )[0].squeeze(0)
+                actions.latents[:, actions.raw_dim :] = 0
             first += count
 
     def _context(self, key: Any, rows: list[_Row], gen: torch.Tensor) -> "_Context":
@@ -371,6 +548,10 @@ class Cosmos3Model(DiffusionModel):
             else:
                 payload["video"] = pixels
                 payload["fps"] = float(request.fps)
+            actions = sample.state.actions
+            if actions is not None:
+                payload["actions"] = actions.latents[:, : actions.raw_dim].float().cpu().numpy()
+                payload["domain"] = request.action.domain
             if sample.state.sound_latents is not None:
                 waveform = pipe.decode_sound(sample.state.sound_latents).float()  # [channels, N]
                 payload["audio"] = waveform.mean(dim=0).cpu().numpy().astype(np.float32)  # mono mix-down
@@ -387,6 +568,12 @@ def _branch(rows: list[_Row], row_sample: list[int], i: int) -> int:
     return i - row_sample.index(row_sample[i])
 
 
+def _noisy_frames_rows(states: list[_State], row_sample: list[int]) -> torch.Tensor:
+    """[B, 1, T, 1, 1]: 1 on the generated latent frames of each row's sample, 0 on conditioning frames."""
+    frames = torch.stack([st.actions.noisy_frames for st in states])[row_sample]
+    return frames[:, None, :, None, None]
+
+
 def _guided(preds: torch.Tensor, scale: float) -> torch.Tensor:
     if preds.shape[0] == 1:
         return preds[0]
@@ -401,17 +588,25 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _patchify(latents: torch.Tensor, p: int) -> torch.Tensor:
-    """[S, C, T, H, W] -> [S, T*H/p*W/p, p*p*C], the transformer's token order."""
+    """[S, C, T, H, W] -> [S, T*ceil(H/p)*ceil(W/p), p*p*C], the transformer's token order.
+
+    Sizes that are not a multiple of the patch are zero-padded, as the transformer does (action
+    conditioning keeps the frames' content size, which need not be a multiple).
+    """
     s, c, t, h, w = latents.shape
-    x = latents.reshape(s, c, t, h // p, p, w // p, p)
+    ph, pw = -(-h // p) * p, -(-w // p) * p
+    if (ph, pw) != (h, w):
+        latents = F.pad(latents, (0, pw - w, 0, ph - h))
+    x = latents.reshape(s, c, t, ph // p, p, pw // p, p)
     return torch.einsum("bcthpwq->bthwpqc", x).reshape(s, -1, p * p * c)
 
 
 def _unpatchify(tokens: torch.Tensor, shape: torch.Size, p: int) -> torch.Tensor:
-    """[B, T*H/p*W/p, p*p*C] -> [B, C, T, H, W]."""
+    """[B, T*ceil(H/p)*ceil(W/p), p*p*C] -> [B, C, T, H, W] (the padding cut off)."""
     c, t, h, w = shape
-    x = tokens.reshape(tokens.shape[0], t, h // p, w // p, p, p, c)
-    return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, h, w)
+    ph, pw = -(-h // p) * p, -(-w // p) * p
+    x = tokens.reshape(tokens.shape[0], t, ph // p, pw // p, p, p, c)
+    return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, ph, pw)[..., :h, :w]
 
 
 def attention(

@@ -1,10 +1,15 @@
 """The Cosmos3 family's pipeline: ONE diffusion stage holding both towers, and its input processor.
 
 Stage ``generator`` (kind ``diffusion``, `omni_cosmos3.model.Cosmos3Model`) produces images,
-videos and the videos' audio. Its stage parameters: ``num_inference_steps``, ``guidance_scale``,
-``negative_prompt``, ``fps``, ``num_frames``, ``task`` (``t2i``, ``t2v``, ``t2va``), ``cache``.
-Request fields (`OmniRequest.extra`: ``size`` as (width, height), ``seconds``, ``seed``, ``n``)
-and the wanted modalities become the stage's input.
+videos, the videos' audio and, on checkpoints trained with ``action_gen``, robot actions. Its stage
+parameters: ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``fps``,
+``num_frames``, ``task`` (``t2i``, ``t2v``, ``t2va``, ``policy``, ``inverse_dynamics``), ``cache``
+and, for the action tasks, ``domain``, ``chunk_size``, ``resolution_tier``, ``view_point``,
+``image``/``video`` (conditioning frames: arrays, PIL images or file paths).
+Request fields (`OmniRequest.extra`: ``size`` as (width, height), ``seconds``, ``seed``, ``n``, and
+the action fields above) and the wanted modalities become the stage's input: asking for
+``action`` picks ``inverse_dynamics`` when a ``video`` is given, else ``policy``; the actions
+arrive as the output key ``actions`` (a ``[chunk_size, action width]`` float32 array).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from omni_core.outputs import StageInput
 
 STAGE = "generator"
 DEFAULT_DEPLOY = "omni_cosmos3:deploy/default.yaml"
-EXTRA_FIELDS = ("size", "seconds", "seed", "n")
+EXTRA_FIELDS = ("size", "seconds", "seed", "n", "domain", "chunk_size", "resolution_tier", "view_point", "image", "video")
 
 
 def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
@@ -31,7 +36,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
                 kind="diffusion",
                 model="omni_cosmos3.model:Cosmos3Model",
                 output="video",
-                extra_outputs=("image", "audio"),
+                extra_outputs=("image", "audio", "action"),
                 final=True,
             ),
         ),
@@ -41,8 +46,10 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     )
 
 
-def task_for(modalities: tuple[str, ...]) -> str:
-    """The task the wanted modalities ask for: video (+ audio) beats image."""
+def task_for(modalities: tuple[str, ...], has_video: bool = False) -> str:
+    """The task the wanted modalities ask for: actions beat video (+ audio), which beats image."""
+    if "action" in modalities:
+        return "inverse_dynamics" if has_video else "policy"
     if "video" in modalities or "audio" in modalities:
         return "t2va" if "audio" in modalities else "t2v"
     return "t2i"
@@ -61,7 +68,7 @@ class Cosmos3InputProcessor:
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("Cosmos3 needs a text prompt", param="prompt")
         modalities = tuple(request.modalities or self.default_modalities)
-        data: dict[str, Any] = {"prompt": prompt, "task": task_for(modalities)}
+        data: dict[str, Any] = {"prompt": prompt, "task": task_for(modalities, request.extra.get("video") is not None)}
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 data[key] = request.extra[key]

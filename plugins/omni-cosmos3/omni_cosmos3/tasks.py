@@ -1,7 +1,12 @@
 """Cosmos3 request parameters: parsing and validation, before any work starts (no torch here).
 
 Tasks: ``t2i`` (text -> image), ``t2v`` (text -> video), ``t2va`` (text -> video with a
-synchronized audio track). Where a request gives no size, it gets one in transformer tokens, so a
+synchronized audio track), and the action tasks of checkpoints trained with ``action_gen``:
+``policy`` (text + a first frame -> a video rollout and the robot actions that produce it) and
+``inverse_dynamics`` (text + a video -> the actions connecting its frames). An action request names
+its embodiment (``domain``, e.g. ``bridge_orig_lerobot``: it fixes the action width) and its
+``chunk_size`` (action steps; the video has ``chunk_size + 1`` frames); its size comes from the
+conditioning frames and the ``resolution_tier`` (256, 480, 704, 720), as in diffusers. Where a request gives no size, it gets one in transformer tokens, so a
 tiny checkpoint (few pixels per token) gets a small default and a real one (32 pixels per token)
 a real one: images 32x32 tokens (1024x1024 on the released checkpoints), videos 20x12 tokens.
 """
@@ -14,7 +19,12 @@ import attrs
 
 from omni_core.errors import InvalidRequestError
 
-TASKS = ("t2i", "t2v", "t2va")
+TASKS = ("t2i", "t2v", "t2va", "policy", "inverse_dynamics")
+ACTION_TASKS = ("policy", "inverse_dynamics")
+RESOLUTION_TIERS = (256, 480, 704, 720)
+VIEW_POINTS = ("ego_view", "third_person_view", "wrist_view", "concat_view")
+DEFAULT_TIER = 480
+MAX_CHUNK = 256
 DEFAULT_STEPS = 35
 DEFAULT_GUIDANCE = 6.0
 DEFAULT_FPS = 24.0
@@ -40,10 +50,26 @@ class Request:
     seed: int | None = None
     n: int = 1
     use_system_prompt: bool | None = None
+    action: ActionSpec | None = None
 
     @property
     def sound(self) -> bool:
         return self.task == "t2va"
+
+
+@attrs.frozen
+class ActionSpec:
+    """The action part of a ``policy``/``inverse_dynamics`` request (`diffusers`' `CosmosActionCondition`).
+
+    `frames`: the conditioning frames as PIL images (one for a first frame, several for a video).
+    """
+
+    domain: str
+    chunk_size: int
+    resolution_tier: int
+    view_point: str
+    frames: list[Any] = attrs.field(repr=False)
+    is_video: bool = False
 
 
 def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token: int, temporal_factor: int) -> Request:
@@ -53,7 +79,7 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
     `pixels_per_token` (VAE downsampling x patch size), zero or negative steps, a bad seed ...
     """
     known = {"task", "num_inference_steps", "guidance_scale", "negative_prompt", "fps", "num_frames", "seed",
-             "use_system_prompt", "size", "seconds", "n"}
+             "use_system_prompt", "size", "seconds", "n", *ACTION_FIELDS}
     unknown = sorted(set(params) - known)
     if unknown:
         raise InvalidRequestError(f"unknown Cosmos3 parameters {unknown}; known: {sorted(known)}", param=unknown[0])
@@ -73,18 +99,18 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
     fps = _number(merged.get("fps", DEFAULT_FPS), "fps")
     if fps <= 0:
         raise InvalidRequestError(f"fps must be positive, got {fps}", param="fps")
-    default_tokens = IMAGE_TOKENS if task == "t2i" else VIDEO_TOKENS
-    size = merged.get("size") or (default_tokens[0] * pixels_per_token, default_tokens[1] * pixels_per_token)
-    if not (isinstance(size, (list, tuple)) and len(size) == 2):
-        raise InvalidRequestError(f"size must be (width, height), got {size!r}", param="size")
-    width, height = (_int(v, "size") for v in size)
-    if width < 1 or height < 1 or width % pixels_per_token or height % pixels_per_token:
-        raise InvalidRequestError(
-            f"size {width}x{height} is not a multiple of this model's patch of {pixels_per_token} pixels "
-            f"(VAE downsampling x transformer patch); e.g. {_round(width, pixels_per_token)}x{_round(height, pixels_per_token)}",
-            param="size",
-        )
-    num_frames = _frames(task, merged, fps, temporal_factor)
+    width, height = _size(task, merged, pixels_per_token)
+    action = None
+    if task in ACTION_TASKS:
+        action = _action(task, merged, temporal_factor)
+        # The size comes from the conditioning frames and the tier (the model resolves it).
+        size = (0, 0)
+        num_frames = action.chunk_size + 1
+    else:
+        stray = sorted(k for k in ACTION_FIELDS if merged.get(k) is not None)
+        if stray:
+            raise InvalidRequestError(f"{stray} only apply to the action tasks {list(ACTION_TASKS)}, not {task!r}", param=stray[0])
+        num_frames = _frames(task, merged, fps, temporal_factor)
     seed = merged.get("seed")
     if seed is not None:
         seed = _int(seed, "seed")
@@ -99,7 +125,113 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
     system = merged.get("use_system_prompt")
     if system is not None and not isinstance(system, bool):
         raise InvalidRequestError("use_system_prompt must be true or false", param="use_system_prompt")
-    return Request(task, prompt, width, height, num_frames, fps, steps, guidance, negative, seed, n, system)
+    return Request(task, prompt, width, height, num_frames, fps, steps, guidance, negative, seed, n, system, action)
+
+
+ACTION_FIELDS = ("domain", "chunk_size", "resolution_tier", "view_point", "image", "video")
+
+
+def _size(task: str, merged: dict[str, Any], pixels_per_token: int) -> tuple[int, int]:
+    if task in ACTION_TASKS:
+        for name in ("size", "num_frames", "seconds"):
+            if merged.get(name) is not None:
+                raise InvalidRequestError(
+                    f"{name} does not apply to task {task!r}: the conditioning frames and resolution_tier set the size, "
+                    "chunk_size the number of frames",
+                    param=name,
+                )
+        return 0, 0
+    default_tokens = IMAGE_TOKENS if task == "t2i" else VIDEO_TOKENS
+    size = merged.get("size") or (default_tokens[0] * pixels_per_token, default_tokens[1] * pixels_per_token)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2):
+        raise InvalidRequestError(f"size must be (width, height), got {size!r}", param="size")
+    width, height = (_int(v, "size") for v in size)
+    if width < 1 or height < 1 or width % pixels_per_token or height % pixels_per_token:
+        raise InvalidRequestError(
+            f"size {width}x{height} is not a multiple of this model's patch of {pixels_per_token} pixels "
+            f"(VAE downsampling x transformer patch); e.g. {_round(width, pixels_per_token)}x{_round(height, pixels_per_token)}",
+            param="size",
+        )
+    return width, height
+
+
+def _action(task: str, merged: dict[str, Any], temporal_factor: int) -> ActionSpec:
+    domain = merged.get("domain")
+    if not isinstance(domain, str) or not domain:
+        raise InvalidRequestError(
+            f"task {task!r} needs the embodiment `domain` (e.g. 'bridge_orig_lerobot'): it selects the action head and width",
+            param="domain",
+        )
+    chunk = _int(merged.get("chunk_size"), "chunk_size") if merged.get("chunk_size") is not None else None
+    if chunk is None or not 1 <= chunk <= MAX_CHUNK or chunk % temporal_factor:
+        raise InvalidRequestError(
+            f"chunk_size (action steps; the video has chunk_size + 1 frames) must be a multiple of {temporal_factor} "
+            f"(the VAE's temporal compression) between {temporal_factor} and {MAX_CHUNK}, got {merged.get('chunk_size')!r}",
+            param="chunk_size",
+        )
+    tier = _int(merged.get("resolution_tier", DEFAULT_TIER), "resolution_tier")
+    if tier not in RESOLUTION_TIERS:
+        raise InvalidRequestError(f"resolution_tier must be one of {list(RESOLUTION_TIERS)}, got {tier}", param="resolution_tier")
+    view_point = merged.get("view_point", "ego_view")
+    if view_point not in VIEW_POINTS:
+        raise InvalidRequestError(f"view_point must be one of {list(VIEW_POINTS)}, got {view_point!r}", param="view_point")
+    image, video = merged.get("image"), merged.get("video")
+    if image is not None and video is not None:
+        raise InvalidRequestError("give either `image` (a first frame) or `video`, not both", param="image")
+    if task == "inverse_dynamics" and video is None:
+        raise InvalidRequestError("task 'inverse_dynamics' needs a `video` (the frames whose actions it infers)", param="video")
+    if image is None and video is None:
+        raise InvalidRequestError(f"task {task!r} needs a first frame: `image` (or a `video`, whose first frame is used)", param="image")
+    frames = [load_image(image)] if image is not None else load_video(video)
+    return ActionSpec(domain, chunk, tier, view_point, frames, is_video=video is not None)
+
+
+def load_image(value: Any) -> Any:
+    """An image as a PIL RGB image: a PIL image, an HxWx3 uint8 array or a file path."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
+        try:
+            with Image.open(value) as opened:
+                return opened.convert("RGB")
+        except (OSError, ValueError) as exc:
+            raise InvalidRequestError(f"cannot read image {value!r}: {exc}", param="image") from None
+    array = _uint8_frames(value, 3, "image")
+    return Image.fromarray(array)
+
+
+def load_video(value: Any) -> list[Any]:
+    """A video as PIL RGB frames: a list of images, a TxHxWx3 uint8 array or a video file path."""
+    from PIL import Image
+
+    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
+        try:
+            import av
+
+            with av.open(value) as container:
+                frames = [frame.to_image().convert("RGB") for frame in container.decode(video=0)]
+        except (OSError, ValueError, av.error.FFmpegError) as exc:
+            raise InvalidRequestError(f"cannot read video {value!r}: {exc}", param="video") from None
+    elif isinstance(value, (list, tuple)):
+        frames = [load_image(frame) for frame in value]
+    else:
+        frames = [Image.fromarray(frame) for frame in _uint8_frames(value, 4, "video")]
+    if not frames:
+        raise InvalidRequestError("the video has no frames", param="video")
+    return frames
+
+
+def _uint8_frames(value: Any, ndim: int, name: str) -> Any:
+    import numpy as np
+
+    array = np.asarray(value) if not isinstance(value, (int, float, dict)) else None
+    shape = "TxHxWx3" if ndim == 4 else "HxWx3"
+    if array is None or array.ndim != ndim or array.shape[-1] != 3 or array.dtype != np.uint8 or 0 in array.shape:
+        got = f"an array of shape {array.shape} and dtype {array.dtype}" if array is not None else repr(value)
+        raise InvalidRequestError(f"{name} must be a {shape} uint8 array, a file path or PIL image(s); got {got}", param=name)
+    return array
 
 
 def _frames(task: str, merged: dict[str, Any], fps: float, temporal_factor: int) -> int:

@@ -161,6 +161,7 @@ def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dic
     holder = types.SimpleNamespace(config=talker_config, spatial_merge_size=talker_config.spatial_merge_size)
     holder.get_llm_pos_ids_for_vision = types.MethodType(Base.get_llm_pos_ids_for_vision, holder)
     audio = grids.get("audio_feature_lengths")
+    seconds = grids.get("video_second_per_grid")
     ids = input_ids.view(1, -1)
     positions, delta = Base.get_rope_index(
         holder,
@@ -169,6 +170,7 @@ def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dic
         video_grid_thw=torch.as_tensor(video, dtype=torch.long) if video else None,
         attention_mask=torch.ones_like(ids),
         audio_seqlens=torch.as_tensor(audio, dtype=torch.long) if audio else None,
+        second_per_grids=torch.as_tensor(seconds, dtype=torch.float32) if video and seconds is not None else None,
     )
     return positions[:, 0].round().long(), int(delta.view(-1)[0])
 
@@ -253,6 +255,6 @@ class ThinkerToTalker:
         return StageInput(data={"trailing": torch.cat(rows)}, final=final)
 
 
-GRID_KEYS = ("image_grid_thw", "video_grid_thw", "audio_feature_lengths")
+GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "audio_feature_lengths")
 """First-chunk keys of the thinker (`omni_qwen3.thinker.ThinkerModel.prompt_info`) the talker's
 positions need."""

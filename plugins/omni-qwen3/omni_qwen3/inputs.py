@@ -1,15 +1,15 @@
 """The Qwen3-Omni input processor: an `OmniRequest` -> the thinker's prompt and the talker's voice.
 
 Messages come in OpenAI chat format (``content`` a string or parts ``text``, ``image_url`` with a
-``data:`` URL, ``input_audio`` with base64 wav/mp3/flac, ``video_url``), or with the Qwen-Omni parts
-the offline API may pass directly (``{"type": "audio", "audio": <16 kHz float array>}``,
-``{"type": "image", "image": <PIL image>}``). The checkpoint's chat template turns them into the
-prompt; the thinker stage gets its token ids (one placeholder per image/audio, which vLLM's
-processor expands) and the decoded media as vLLM ``multi_modal_data``. The prompt's expanded length
-is worked out here so that an over-long prompt fails before anything runs.
-
-Video is not supported where torchvision is missing (transformers' video processors need it), so
-a video part is an `InvalidRequestError`, as is any input that cannot be decoded.
+``data:`` URL, ``input_audio`` with base64 wav/mp3/flac, ``video_url`` with a ``data:`` URL of a video file),
+or with the Qwen-Omni parts the offline API may pass directly (``{"type": "audio", "audio": <16 kHz
+float array>}``, ``{"type": "image", "image": <PIL image>}``, ``{"type": "video", "video": <uint8
+[T, H, W, 3] frames>, "fps": <optional>}``). The checkpoint's chat template turns them into the
+prompt; the thinker stage gets its token ids (one placeholder per image/audio/video, which vLLM's
+processor expands) and the decoded media as vLLM ``multi_modal_data`` (videos as their sampled
+frames: `omni_qwen3.video`, no torchvision needed). The prompt's expanded length is worked out
+here so that an over-long prompt fails before anything runs. Input that cannot be decoded is an
+`InvalidRequestError`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from omni_core.config.resolved import ResolvedPipeline
     from omni_core.engine.request import OmniRequest
+    from omni_qwen3.video import DecodedVideo, QwenVideoProcessor
 
 AUDIO_SAMPLE_RATE = 16000
 DEFAULT_SPEAKER = "Ethan"
@@ -59,6 +60,7 @@ class Qwen3OmniInputProcessor:
         self.max_model_len = int(options.get("max_model_len") or self.text_config.get("max_position_embeddings") or 32768)
         self._tokenizer: Any = None
         self._image_processor: Any = None
+        self._video_processor: QwenVideoProcessor | None = None
         self._hop_length: int | None = None
 
     # -- the request -----------------------------------------------------------------------------
@@ -66,17 +68,20 @@ class Qwen3OmniInputProcessor:
     def __call__(self, request: OmniRequest) -> dict[str, StageInput]:
         modalities = tuple(request.modalities or self.pipeline.default_modalities)
         messages = self._messages(request)
-        template_messages, audios, images = self._parse(messages)
+        template_messages, audios, images, videos = self._parse(messages)
         tokenizer = self.tokenizer
         text = tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
         token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        self._check_length(token_ids, audios, images)
+        frames = [self.video_processor.sample(video) for video in videos]
+        self._check_length(token_ids, audios, images, frames)
         data: dict[str, Any] = {"prompt_token_ids": token_ids, "capture_hidden": "audio" in modalities}
         media: dict[str, Any] = {}
         if audios:
             media["audio"] = [(audio, AUDIO_SAMPLE_RATE) for audio in audios]
         if images:
             media["image"] = images
+        if frames:
+            media["video"] = frames
         if media:
             data["multi_modal_data"] = media
         inputs = {THINKER: StageInput(data=data)}
@@ -111,11 +116,14 @@ class Qwen3OmniInputProcessor:
 
     # -- messages --------------------------------------------------------------------------------
 
-    def _parse(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
-        """Messages -> chat-template messages (Qwen parts), audio arrays and images, in order."""
+    def _parse(
+        self, messages: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[Any], list[Any], list[DecodedVideo]]:
+        """Messages -> chat-template messages (Qwen parts), audio arrays, images and videos, in order."""
         out: list[dict[str, Any]] = []
         audios: list[Any] = []
         images: list[Any] = []
+        videos: list[DecodedVideo] = []
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise InvalidRequestError(f"messages[{i}] must be an object with a 'role'", param="messages")
@@ -143,30 +151,31 @@ class Qwen3OmniInputProcessor:
                 elif kind == "audio" and part.get("audio") is not None:
                     audios.append(_as_mono_16k(part["audio"], AUDIO_SAMPLE_RATE, where))
                     parts.append({"type": "audio"})
-                elif kind in ("video_url", "video"):
-                    raise InvalidRequestError(
-                        f"{where}: video input is not supported here (transformers' video processor needs "
-                        "torchvision, which is not installed); send audio or images",
-                        param="messages",
-                    )
+                elif kind == "video_url":
+                    videos.append(_decode_video_url(part.get("video_url"), where))
+                    parts.append({"type": "video"})
+                elif kind == "video" and part.get("video") is not None:
+                    videos.append(_as_video(part, where))
+                    parts.append({"type": "video"})
                 else:
                     raise InvalidRequestError(
-                        f"{where}: unsupported content part {kind!r}; use text, image_url (data: URL) or "
-                        "input_audio (base64 wav/mp3/flac)",
+                        f"{where}: unsupported content part {kind!r}; use text, image_url (data: URL), "
+                        "input_audio (base64 wav/mp3/flac) or video_url (data: URL of an MP4/WebM/...)",
                         param="messages",
                     )
             out.append({"role": message["role"], "content": parts})
-        return out, audios, images
+        return out, audios, images, videos
 
     # -- lengths ---------------------------------------------------------------------------------
 
-    def _check_length(self, token_ids: list[int], audios: list[Any], images: list[Any]) -> None:
+    def _check_length(self, token_ids: list[int], audios: list[Any], images: list[Any], videos: list[Any]) -> None:
         """Reject a prompt whose expanded length (placeholders -> encoder outputs) leaves no room."""
         length = len(token_ids) + sum(self._audio_tokens(a) - 1 for a in audios)
         length += sum(self._image_tokens(im) - 1 for im in images)
+        length += sum(self._video_tokens(frames) - 1 for frames in videos)
         if length >= self.max_model_len:
             raise InvalidRequestError(
-                f"the prompt is {length} tokens (with its audio and images) but the thinker's context is "
+                f"the prompt is {length} tokens (with its audio, images and videos) but the thinker's context is "
                 f"{self.max_model_len}: shorten the input or raise the thinker's max_model_len",
                 param="messages",
             )
@@ -188,6 +197,12 @@ class Qwen3OmniInputProcessor:
         )
         return (height // patch) * (width // patch) // (merge * merge)
 
+    def _video_tokens(self, frames: np.ndarray) -> int:
+        from omni_qwen3.video import processor_video_kwargs
+
+        count, height, width = frames.shape[:3]
+        return self.video_processor.num_tokens(count, height, width, **processor_video_kwargs())
+
     # -- lazily loaded parts ---------------------------------------------------------------------
 
     @property
@@ -205,6 +220,14 @@ class Qwen3OmniInputProcessor:
 
             self._image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.model_path)
         return self._image_processor
+
+    @property
+    def video_processor(self) -> QwenVideoProcessor:
+        if self._video_processor is None:
+            from omni_qwen3.video import QwenVideoProcessor
+
+            self._video_processor = QwenVideoProcessor.from_pretrained(self.model_path)
+        return self._video_processor
 
     @property
     def hop_length(self) -> int:
@@ -271,6 +294,30 @@ def _as_image(image: Any, where: str) -> Any:
     if not isinstance(image, Image.Image):
         raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
     return image.convert("RGB")
+
+
+def _decode_video_url(value: Any, where: str) -> DecodedVideo:
+    from omni_qwen3.video import decode_video
+
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise InvalidRequestError(
+            f"{where}: video_url must be a data: URL (data:video/mp4;base64,...); remote URLs are not fetched",
+            param="messages",
+        )
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise InvalidRequestError(f"{where}: video data URLs must be base64 encoded", param="messages")
+    return decode_video(_b64decode(payload, where), where)
+
+
+def _as_video(part: dict[str, Any], where: str) -> DecodedVideo:
+    from omni_qwen3.video import DecodedVideo, as_frames
+
+    fps = part.get("fps")
+    if fps is not None and (not isinstance(fps, (int, float)) or not fps > 0):
+        raise InvalidRequestError(f"{where}: 'fps' must be a positive number", param="messages")
+    return DecodedVideo(frames=as_frames(part["video"], where), fps=None if fps is None else float(fps))
 
 
 def _decode_input_audio(value: Any, where: str) -> np.ndarray:

@@ -8,7 +8,8 @@ and `decode_codes` turns them back into the waveform the same way ``generate`` d
 
 Inputs are chat messages in the Qwen-Omni style: ``content`` is a string or a list of parts
 ``{"type": "text", "text": ...}``, ``{"type": "audio", "audio": <1-D float array at 16 kHz>}``,
-``{"type": "image", "image": <PIL image>}``.
+``{"type": "image", "image": <PIL image>}``, ``{"type": "video", "video": <uint8 [T, H, W, 3] frames>}``
+(optionally with ``"fps"``: the frame rate, used only where the video processor samples by fps).
 """
 
 from __future__ import annotations
@@ -64,19 +65,22 @@ def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str,
 
     Does what ``Qwen3OmniMoeProcessor.__call__`` does for text, audio and images: chat template,
     Whisper features (renamed ``feature_attention_mask``), image patches, and expansion of each
-    ``<|audio_pad|>``/``<|image_pad|>`` to one token per encoder output. The processor class itself
-    cannot be built where torchvision is missing (its video processor check needs it), so its
-    parts are loaded one by one; video input is not supported here.
+    ``<|audio_pad|>``/``<|image_pad|>``/``<|video_pad|>`` to one token per encoder output. The
+    processor class itself cannot be built where torchvision is missing (its video processor needs
+    it), so its parts are loaded one by one, and videos go through `omni_qwen3.video`'s
+    torchvision-free video processor (with the size bounds and ``video_second_per_grid`` the
+    processor passes).
     """
+    import torch
     from transformers import AutoImageProcessor, AutoTokenizer, WhisperFeatureExtractor
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     if isinstance(messages, str):
-        text, audios, images = messages, [], []
+        text, audios, images, videos = messages, [], [], []
     else:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        audios, images = _collect_media(messages)
+        audios, images, videos = _collect_media(messages)
 
     features: dict[str, Any] = {}
     audio_lengths: list[int] = []
@@ -102,7 +106,24 @@ def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str,
         merge = image_processor.merge_size**2
         image_lengths = [int(grid.prod()) // merge for grid in image_inputs["image_grid_thw"]]
 
-    text = _expand_placeholders(text, tokenizer.audio_token, audio_lengths, tokenizer.image_token, image_lengths)
+    video_lengths: list[int] = []
+    if videos:
+        from omni_qwen3.video import PROCESSOR_FPS, QwenVideoProcessor, processor_video_kwargs
+
+        video_processor = QwenVideoProcessor.from_pretrained(model_dir)
+        video_inputs = video_processor(videos=[video_processor.sample(v) for v in videos], **processor_video_kwargs())
+        features["pixel_values_videos"] = video_inputs["pixel_values_videos"]
+        features["video_grid_thw"] = video_inputs["video_grid_thw"]
+        features["video_second_per_grid"] = torch.tensor(
+            [video_processor.temporal_patch_size / PROCESSOR_FPS] * len(videos), dtype=torch.float32
+        )
+        merge = video_processor.merge_size**2
+        video_lengths = [int(grid.prod()) // merge for grid in video_inputs["video_grid_thw"]]
+
+    text = _expand_placeholders(
+        text,
+        {tokenizer.audio_token: audio_lengths, tokenizer.image_token: image_lengths, tokenizer.video_token: video_lengths},
+    )
     encoded = tokenizer(text, return_tensors="pt", padding=False)
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], **features}
 
@@ -215,10 +236,14 @@ def synthetic_image(width: int = 64, height: int = 64) -> Any:
     return Image.fromarray(rgb.astype(np.uint8), mode="RGB")
 
 
-def _collect_media(messages: Messages) -> tuple[list[Any], list[Any]]:
-    """Audio arrays and images in message order (the order of their placeholders)."""
+def _collect_media(messages: Messages) -> tuple[list[Any], list[Any], list[Any]]:
+    """Audio arrays, images and videos (`omni_qwen3.video.DecodedVideo`) in message order (the
+    order of their placeholders)."""
+    from omni_qwen3.video import DecodedVideo, as_frames
+
     audios: list[Any] = []
     images: list[Any] = []
+    videos: list[Any] = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, str) or content is None:
@@ -230,21 +255,17 @@ def _collect_media(messages: Messages) -> tuple[list[Any], list[Any]]:
             elif kind == "image" or "image" in part:
                 images.append(part["image"])
             elif kind == "video" or "video" in part:
-                raise InvalidRequestError(
-                    "video input needs transformers' torchvision video processor; use audio or image",
-                    param="messages",
-                )
-    return audios, images
+                fps = part.get("fps")
+                videos.append(DecodedVideo(frames=as_frames(part["video"]), fps=None if fps is None else float(fps)))
+    return audios, images, videos
 
 
-def _expand_placeholders(
-    text: str, audio_token: str, audio_lengths: list[int], image_token: str, image_lengths: list[int]
-) -> str:
+def _expand_placeholders(text: str, lengths_by_token: dict[str, list[int]]) -> str:
     """Repeat each placeholder once per encoder output, in order of appearance."""
-    audio_iter, image_iter = iter(audio_lengths), iter(image_lengths)
+    iterators = {token: iter(lengths) for token, lengths in lengths_by_token.items()}
 
     def expand(match: re.Match[str]) -> str:
-        lengths = audio_iter if match.group() == audio_token else image_iter
+        lengths = iterators[match.group()]
         try:
             return match.group() * int(next(lengths))
         except StopIteration:
@@ -252,5 +273,5 @@ def _expand_placeholders(
                 f"the prompt has more {match.group()} placeholders than inputs", param="messages"
             ) from None
 
-    pattern = "|".join(re.escape(token) for token in (audio_token, image_token))
+    pattern = "|".join(re.escape(token) for token in lengths_by_token)
     return re.sub(pattern, expand, text)

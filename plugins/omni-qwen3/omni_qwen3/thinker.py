@@ -8,9 +8,10 @@ a registered subclass, `capture_class()`, that
   after the audio/image embeddings are merged: transformers' ``hidden_states[0]``) and
   ``thinker_hidden`` (transformers' ``hidden_states[talker_config.accept_hidden_layer]``), through
   the bridge's multi-layer side channel (`omni_core.stages.vllm_bridge.HiddenStateCapture`);
-- takes image and audio input without torchvision: its multimodal processor builds the HF
-  ``Qwen3OmniMoeProcessor`` from the PIL image processor and no video processor (transformers'
-  video processors need torchvision, so video is rejected by the input processor).
+- takes image, audio and video input without torchvision: its multimodal processor builds the HF
+  ``Qwen3OmniMoeProcessor`` from the PIL image processor and `omni_qwen3.video.QwenVideoProcessor`
+  (transformers' video processors need torchvision); vLLM's own thinker then takes the
+  ``pixel_values_videos`` / ``video_grid_thw`` / ``second_per_grid_ts`` that processor returns.
 
 Nothing heavy is imported at module import: vLLM classes are built on first use in the worker.
 """
@@ -80,8 +81,9 @@ class ThinkerModel(ARModel):
         return super().make_prompt(StageInput(data=data, final=stage_input.final, params=stage_input.params))
 
     def prompt_info(self, stage_input: StageInput) -> Payload:
-        """``image_grid_thw`` / ``audio_feature_lengths`` of the prompt's media, in the first chunk:
-        the talker's 3-D positions need them (only computed when the talker runs)."""
+        """``image_grid_thw`` / ``video_grid_thw`` (+ ``video_second_per_grid``) /
+        ``audio_feature_lengths`` of the prompt's media, in the first chunk: the talker's 3-D
+        positions need them (only computed when the talker runs)."""
         media = stage_input.data.get("multi_modal_data") or {}
         if not media or not self.wants_hidden_states(stage_input) or not self.capture_hidden_states:
             return {}
@@ -113,6 +115,15 @@ def _media_sizes(model_path: str, media: Mapping[str, Any]) -> Payload:
         processor = _image_processor(model_path)
         grids = processor(images=list(images) if isinstance(images, (list, tuple)) else [images], return_tensors="pt")
         out["image_grid_thw"] = grids["image_grid_thw"].tolist()
+    videos = media.get("video")
+    if videos:
+        from omni_qwen3.video import PROCESSOR_FPS, processor_video_kwargs
+
+        video_processor = _video_processor(model_path)
+        items = [videos] if hasattr(videos, "ndim") else list(videos)
+        out["video_grid_thw"] = [list(video_processor.grid(*v.shape[:3], **processor_video_kwargs())) for v in items]
+        # What Qwen3OmniMoeProcessor returns (transformers' generate passes it to the talker too).
+        out["video_second_per_grid"] = [video_processor.temporal_patch_size / PROCESSOR_FPS] * len(items)
     audios = media.get("audio")
     if audios:
         from omni_qwen3.reference import AUDIO_SAMPLING_RATE
@@ -131,6 +142,13 @@ def _image_processor(model_path: str) -> Any:
     from transformers import AutoImageProcessor
 
     return AutoImageProcessor.from_pretrained(model_path)
+
+
+@functools.cache
+def _video_processor(model_path: str) -> Any:
+    from omni_qwen3.video import QwenVideoProcessor
+
+    return QwenVideoProcessor.from_pretrained(model_path)
 
 
 @functools.cache
@@ -154,14 +172,11 @@ def capture_class() -> type:
 
     from omni_core.stages.vllm_bridge import HiddenStateCapture
 
-    class ImageAudioProcessingInfo(vllm_thinker.Qwen3OmniMoeThinkerProcessingInfo):
-        """Builds the HF processor from its parts, without a video processor (needs torchvision)."""
+    class TorchvisionFreeProcessingInfo(vllm_thinker.Qwen3OmniMoeThinkerProcessingInfo):
+        """Builds the HF processor from its parts, with our video processor (HF's needs torchvision)."""
 
         def get_hf_processor(self, **kwargs: object) -> Any:
-            return _image_audio_processor(str(self.ctx.model_config.model), self.ctx.tokenizer)
-
-        def get_supported_mm_limits(self) -> Mapping[str, int | None]:
-            return {"audio": None, "image": None}
+            return _omni_processor(str(self.ctx.model_config.model), self.ctx.tokenizer)
 
     class OmniQwen3OmniThinker(HiddenStateCapture, vllm_thinker.Qwen3OmniMoeThinkerForConditionalGeneration):
         """The thinker, recording per-token hidden states as transformers reports them.
@@ -202,48 +217,32 @@ def capture_class() -> type:
     OmniQwen3OmniThinker.__module__ = __name__
     return MULTIMODAL_REGISTRY.register_processor(
         vllm_thinker.Qwen3OmniMoeThinkerMultiModalProcessor,
-        info=ImageAudioProcessingInfo,
+        info=TorchvisionFreeProcessingInfo,
         dummy_inputs=vllm_thinker.Qwen3OmniMoeThinkerDummyInputsBuilder,
     )(OmniQwen3OmniThinker)
 
 
 @functools.cache
-def _image_audio_processor(model_path: str, tokenizer: Any) -> Any:
-    """``Qwen3OmniMoeProcessor`` for text, image and audio, built without a video processor."""
+def _omni_processor(model_path: str, tokenizer: Any) -> Any:
+    """``Qwen3OmniMoeProcessor`` for text, image, audio and video, built without torchvision."""
     from transformers import AutoImageProcessor, Qwen3OmniMoeProcessor, WhisperFeatureExtractor
 
-    class ImageAudioProcessor(Qwen3OmniMoeProcessor):
-        """The Qwen3-Omni processor with no video processor (transformers' needs torchvision)."""
+    from omni_qwen3.video import QwenVideoProcessor
+
+    class TorchvisionFreeProcessor(Qwen3OmniMoeProcessor):
+        """The Qwen3-Omni processor with `QwenVideoProcessor` as its video processor."""
 
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument_name == "video_processor" and isinstance(argument, NoVideoProcessor):
-                return NoVideoProcessor
+            if argument_name == "video_processor" and isinstance(argument, QwenVideoProcessor):
+                return QwenVideoProcessor
             return super().check_argument_for_proper_class(argument_name, argument)
 
     image_processor = AutoImageProcessor.from_pretrained(model_path)
     hf_tokenizer = getattr(tokenizer, "transformers_tokenizer", tokenizer)
-    return ImageAudioProcessor(
+    return TorchvisionFreeProcessor(
         image_processor=image_processor,
-        video_processor=NoVideoProcessor(image_processor.merge_size, image_processor.temporal_patch_size),
+        video_processor=QwenVideoProcessor.from_pretrained(model_path),
         feature_extractor=WhisperFeatureExtractor.from_pretrained(model_path),
         tokenizer=hf_tokenizer,
         chat_template=getattr(hf_tokenizer, "chat_template", None),
     )
-
-
-class NoVideoProcessor:
-    """Stands in for the video processor: the processor reads its merge sizes even for text, and
-    video input is refused before it gets here (`omni_qwen3.inputs`)."""
-
-    def __init__(self, merge_size: int, temporal_patch_size: int) -> None:
-        self.merge_size = merge_size
-        self.temporal_patch_size = temporal_patch_size
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from omni_core.errors import InvalidRequestError
-
-        raise InvalidRequestError(
-            "video input needs transformers' torchvision video processor, which is not installed; "
-            "send audio or images instead",
-            param="messages",
-        )
