@@ -1,10 +1,11 @@
 """The OpenAI-compatible server end to end: a real ``omni serve`` process on a loopback port, driven
 by the official ``openai`` client and by httpx (raw SSE, error bodies, /metrics).
 
-The served model is the `served` fixture: ``omni-tiny/toy`` by default; set
-``OMNI_SERVER_TEST_MODELS=omni-tiny/toy,omni-tiny/qwen3-omni`` to run the same tests on other
-pipelines (each needs an entry in `CASES`). Outputs are checked against a reference run of the same
-tiny weights in transformers (greedy), and audio against the model's own decoder run in one piece.
+The served model is the `served` fixture: ``omni-tiny/toy`` and ``omni-tiny/qwen3-omni`` by default;
+``OMNI_SERVER_TEST_MODELS`` picks others (each needs an entry in `CASES`). The toy's outputs are
+checked against a reference run of the same tiny weights in transformers (greedy), and its audio
+against its decoder run in one piece (Qwen3-Omni's equality with transformers is tested at the
+engine level, plugins/omni-qwen3/tests/test_e2e.py).
 
 Servers are shared per module: one with every stage inline (fast to start), one with the default
 process placement and an API key (auth, client disconnects, SIGTERM), and one (process placement,
@@ -120,13 +121,14 @@ CASES = {
         inline=("code2wav.placement=inline",),
         modalities=("text", "audio"),
         voice="chelsie",
-        greedy_stage_params={"talker": {"temperature": 0.0, "max_tokens": 40}},
+        # Random weights never emit the codec's end token: cap the talker (transformers' default is 4096).
+        greedy_stage_params={"thinker": {"temperature": 0.0}, "talker": {"temperature": 0.0, "max_tokens": 40}},
     ),
 }
 
 
 def _selected_models() -> list[str]:
-    return [m.strip() for m in os.environ.get(MODELS_ENV, "omni-tiny/toy").split(",") if m.strip()]
+    return [m.strip() for m in os.environ.get(MODELS_ENV, "omni-tiny/toy,omni-tiny/qwen3-omni").split(",") if m.strip()]
 
 
 @pytest.fixture(scope="module", params=_selected_models())
@@ -182,7 +184,10 @@ def _headers(server: LiveServer) -> dict[str, str]:
 
 
 def _chat_body(served: ServedModel, **extra: Any) -> dict[str, Any]:
-    return {"model": served.model, "messages": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0, **extra}
+    base = {"model": served.model, "messages": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    if served.greedy_stage_params:
+        base["stage_params"] = served.greedy_stage_params
+    return {**base, **extra}
 
 
 def _sse_data(response: httpx.Response) -> list[str]:
