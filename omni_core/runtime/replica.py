@@ -14,6 +14,8 @@ import signal
 import threading
 from typing import Any, Callable
 
+import attrs
+
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 from omni_core.refs import load_ref
@@ -111,6 +113,10 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, inbox_conn: A
 
     pipeline = ResolvedPipeline.from_dict(pipeline_data)
     stage = pipeline.stage(stage_name)
+    if any(d.startswith("cuda:") for d in stage.devices):
+        # This process sees only its stage's GPUs (CUDA_VISIBLE_DEVICES, set at spawn), from 0.
+        local = iter(range(len(stage.devices)))
+        stage = attrs.evolve(stage, devices=tuple(f"cuda:{next(local)}" if d.startswith("cuda:") else d for d in stage.devices))
     connectors = build_connectors(stage_connector_keys(pipeline, stage))
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_pump, args=(inbox_conn, inbox), daemon=True).start()

@@ -10,12 +10,16 @@ it produced. Nothing here is per-request Python work inside a step.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol, TypeVar
 
 import attrs
 
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
+from omni_core.errors import StageError
 from omni_core.outputs import Chunk, StageInput
+from omni_core.refs import load_ref
+
+ModelPart = TypeVar("ModelPart")
 
 ProgressCallback = Callable[[str, float], None]
 """``progress(description, fraction)`` reported while loading (0.0 .. 1.0)."""
@@ -76,6 +80,39 @@ class StageRuntime(abc.ABC):
 
     def close(self) -> None:
         """Release the engine and its memory."""
+
+    def device(self) -> str:
+        """The torch device of this replica: the `device` option, the stage's first device, else
+        CUDA when there is one. (A process replica sees its stage's GPUs renumbered from 0.)"""
+        explicit = getattr(self.options, "device", None)
+        if explicit is not None:
+            return str(explicit)
+        if self.stage.devices:
+            return self.stage.devices[0]
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def build_model_part(self, base: type[ModelPart]) -> ModelPart:
+        """Build this replica's model part from the stage's factory reference ``(pipeline, stage)``.
+
+        An instance is refused: inline replicas would share it, and each needs its own.
+        """
+        factory = load_ref(self.stage.model)
+        if isinstance(factory, base):
+            raise StageError(
+                self.stage.name,
+                f"model part {self.stage.model!r} is an instance; refer to a factory "
+                f"(pipeline, stage) -> {base.__name__} instead (e.g. the class itself)",
+            )
+        model = factory(self.pipeline, self.stage)
+        if not isinstance(model, base):
+            raise StageError(
+                self.stage.name,
+                f"model part {self.stage.model!r} returned {type(model).__name__}; a {self.stage.kind} stage needs "
+                f"a {base.__module__}.{base.__name__}",
+            )
+        return model
 
 
 class EdgeAdapter(Protocol):

@@ -85,25 +85,12 @@ class DiffusionStageRuntime(StageRuntime):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def load(self, progress: ProgressCallback | None = None) -> None:
-        factory = load_ref(self.stage.model)
-        if isinstance(factory, DiffusionModel):
-            raise StageError(
-                self.stage.name,
-                f"model part {self.stage.model!r} is an instance; refer to a factory "
-                "(pipeline, stage) -> DiffusionModel instead (e.g. the class itself)",
-            )
-        model = factory(self.pipeline, self.stage)
-        if not isinstance(model, DiffusionModel):
-            raise StageError(
-                self.stage.name,
-                f"model part {self.stage.model!r} returned {type(model).__name__}; a diffusion stage needs "
-                "a omni_core.stages.diffusion_model.DiffusionModel",
-            )
+        model = self.build_model_part(DiffusionModel)
         if progress is not None:
             progress(f"loading {self.stage.name}", 0.0)
         model.load(
             LoadSpec(
-                device=self._device(),
+                device=self.device(),
                 dtype=self.options.dtype,
                 quantization=self._quantization(),
                 vae_tiling=self.options.vae_tiling,
@@ -122,15 +109,6 @@ class DiffusionStageRuntime(StageRuntime):
 
         resolver = load_ref(default_plugins().quantization_resolver(name))
         return resolver("diffusion", dict(self.stage.options))
-
-    def _device(self) -> str:
-        if self.options.device is not None:
-            return self.options.device
-        if self.stage.devices:
-            return self.stage.devices[0]
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
 
     def close(self) -> None:
         self._requests.clear()

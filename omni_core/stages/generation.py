@@ -18,7 +18,6 @@ import attrs
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.refs import load_ref
 from omni_core.stages.base import ProgressCallback, StageRuntime
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
 
@@ -101,24 +100,10 @@ class GenerationStageRuntime(StageRuntime):
     # -- lifecycle -------------------------------------------------------------------------------
 
     def load(self, progress: ProgressCallback | None = None) -> None:
-        factory = load_ref(self.stage.model)
-        if isinstance(factory, GenerationModel):
-            # A shared instance would be shared by inline replicas too: each replica needs its own.
-            raise StageError(
-                self.stage.name,
-                f"model part {self.stage.model!r} is an instance; refer to a factory "
-                "(pipeline, stage) -> GenerationModel instead (e.g. the class itself)",
-            )
-        model = factory(self.pipeline, self.stage)
-        if not isinstance(model, GenerationModel):
-            raise StageError(
-                self.stage.name,
-                f"model part {self.stage.model!r} returned {type(model).__name__}; a generation stage needs "
-                "a omni_core.stages.generation_model.GenerationModel",
-            )
+        model = self.build_model_part(GenerationModel)
         if progress is not None:
             progress(f"loading {self.stage.name}", 0.0)
-        model.load(self._device(), self.options.dtype)
+        model.load(self.device(), self.options.dtype)
         self.chunk_size = self.options.chunk_size or model.chunk_size
         self.left_context = model.left_context if self.options.left_context is None else self.options.left_context
         if self.chunk_size < 1 or self.left_context < 0 or model.samples_per_frame < 1:
@@ -130,15 +115,6 @@ class GenerationStageRuntime(StageRuntime):
         self.model = model
         if progress is not None:
             progress(f"loaded {self.stage.name}", 1.0)
-
-    def _device(self) -> str:
-        if self.options.device is not None:
-            return self.options.device
-        if self.stage.devices:
-            return self.stage.devices[0]
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
 
     def close(self) -> None:
         self._requests.clear()

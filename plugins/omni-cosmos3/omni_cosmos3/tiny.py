@@ -228,19 +228,11 @@ def _init_weights(module: Any, std: float) -> None:
 
 def train_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     """A byte-level BPE with Qwen's chat tokens and ``<|vision_start|>``, trained offline."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    from omni_core.testing.tokenizer import train_byte_level_bpe
+
+    tokenizer = train_byte_level_bpe(_CORPUS.splitlines(), TOKENIZER_VOCAB_SIZE, SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,

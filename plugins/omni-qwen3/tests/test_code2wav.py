@@ -16,22 +16,9 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage  # noqa: E
 from omni_core.errors import InvalidRequestError  # noqa: E402
 from omni_core.outputs import Chunk, StageInput  # noqa: E402
 from omni_core.stages.generation import GenerationStageRuntime  # noqa: E402
-from omni_qwen3.reference import decode_codes, load_model, reference_generate  # noqa: E402
-from omni_qwen3.tiny import make_tiny  # noqa: E402
+from omni_qwen3.reference import decode_codes, reference_generate  # noqa: E402
 
 TEXT = [{"role": "user", "content": "Hello world, what is this?"}]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def model(tiny_dir: Path) -> Any:
-    return load_model(tiny_dir)
 
 
 def runtime(tiny_dir: Path, streaming: bool, **options: Any) -> GenerationStageRuntime:

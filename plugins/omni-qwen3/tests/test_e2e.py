@@ -31,7 +31,6 @@ pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
 from omni_qwen3.reference import ReferenceOutput, load_model, reference_generate, sine_wave, synthetic_image  # noqa: E402
-from omni_qwen3.tiny import make_tiny  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
@@ -145,13 +144,6 @@ def assert_same(a: Outcome, b: Outcome, what: str) -> None:
 
 
 # -- fixtures --------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

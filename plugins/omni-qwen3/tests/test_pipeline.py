@@ -18,20 +18,12 @@ from omni_qwen3 import compat, plugin  # noqa: E402
 from omni_qwen3.inputs import SPEECH_SYSTEM_PROMPT, Qwen3OmniInputProcessor, resample  # noqa: E402
 from omni_qwen3.pipeline import build_pipeline  # noqa: E402
 from omni_qwen3.reference import prepare_inputs, sine_wave, synthetic_image  # noqa: E402
-from omni_qwen3.tiny import make_tiny  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.modelref import read_hf_config  # noqa: E402
 from omni_core.engine.request import OmniRequest  # noqa: E402
 from omni_core.errors import InvalidRequestError  # noqa: E402
 from omni_core.plugins import load_plugins  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

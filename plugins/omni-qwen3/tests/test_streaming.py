@@ -20,7 +20,6 @@ pytest.importorskip("transformers")
 from omni_core.engine.async_engine import AsyncOmniEngine  # noqa: E402
 from omni_core.engine.request import OmniRequest  # noqa: E402
 from omni_qwen3.reference import ReferenceOutput, reference_generate  # noqa: E402
-from omni_qwen3.tiny import make_tiny  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400), pytest.mark.asyncio(loop_scope="module")]
 
@@ -29,13 +28,6 @@ THINKER_TOKENS = 160
 TALKER_TOKENS = 40
 # Small code2wav chunks: the first audio after 8 frames (the default is 25).
 OVERRIDES = ("code2wav.chunk_size=8",)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,11 @@ from omni_core.stages.ar import ARStageRuntime  # noqa: E402
 from omni_qwen3.edges import ThinkerToTalker  # noqa: E402
 from omni_qwen3.reference import (  # noqa: E402
     ReferenceOutput,
-    load_model,
     prepare_inputs,
     reference_generate,
     sine_wave,
     synthetic_image,
 )
-from omni_qwen3.tiny import make_tiny  # noqa: E402
 
 MAX_TEXT = 12
 MAX_FRAMES = 16
@@ -50,18 +48,6 @@ PROMPTS: dict[str, Any] = {
         }
     ],
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def model(tiny_dir: Path) -> Any:
-    return load_model(tiny_dir)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
 from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, sine_wave, synthetic_image  # noqa: E402
-from omni_qwen3.tiny import make_tiny  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
@@ -73,13 +72,6 @@ REFERENCE = {
     "audio": [{"role": "user", "content": [{"type": "audio", "audio": AUDIO}, {"type": "text", "text": "What is this sound?"}]}],
     "image": [{"role": "user", "content": [{"type": "image", "image": IMAGE}, {"type": "text", "text": "Describe it."}]}],
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

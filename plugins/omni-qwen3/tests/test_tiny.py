@@ -42,18 +42,6 @@ IMAGE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def model(tiny_dir: Path) -> Any:
-    return load_model(tiny_dir)
-
-
 def _config(directory: Path) -> dict[str, Any]:
     return json.loads((directory / "config.json").read_text())
 

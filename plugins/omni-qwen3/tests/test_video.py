@@ -29,7 +29,6 @@ av = pytest.importorskip("av")
 
 from omni_qwen3.inputs import Qwen3OmniInputProcessor  # noqa: E402
 from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, synthetic_image  # noqa: E402
-from omni_qwen3.tiny import make_tiny  # noqa: E402
 from omni_qwen3.video import QwenVideoProcessor, decode_video, processor_video_kwargs  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
@@ -65,13 +64,6 @@ def data_url(raw: bytes, mime: str = "video/mp4") -> str:
 
 def video_part(raw: bytes) -> dict[str, Any]:
     return {"type": "video_url", "video_url": {"url": data_url(raw)}}
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("qwen3-omni-tiny")
-    make_tiny(directory)
-    return directory
 
 
 @pytest.fixture(scope="module")

@@ -46,19 +46,11 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Punctuation: , . ; : ! ? ( ) " ' -
 
 def _train_tokenizer(seed: int):  # -> transformers.PreTrainedTokenizerFast
     """Train a byte-level BPE tokenizer on the built-in corpus (deterministic, offline)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    from omni_core.testing.tokenizer import train_byte_level_bpe
+
+    tokenizer = train_byte_level_bpe(_CORPUS.splitlines(), TOKENIZER_VOCAB_SIZE, SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=EOS_TOKEN,
