@@ -78,17 +78,18 @@ class Outcome:
     kind: str  # "ok", "lost" or "mixed"
 
 
-async def stream_chat(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, user: str) -> StreamResult:
+async def stream_chat(client: httpx.AsyncClient, model: str, prompt: str, fields: dict[str, Any], user: str) -> StreamResult:
+    """One streaming chat request; `fields` adds request fields (max_tokens, audio, stage_params)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "modalities": ["text", "audio"],
-        "audio": {"voice": "default", "format": "pcm16"},
-        "max_tokens": max_tokens,
+        "audio": {"format": "pcm16"},
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
         "user": user,
+        **fields,
     }
     out = StreamResult()
     start = time.perf_counter()
@@ -149,10 +150,10 @@ def check(result: StreamResult, expected: StreamResult, seen_ids: set[str], audi
     return "ok", None
 
 
-async def reference_pass(client: httpx.AsyncClient, model: str, variants: int, max_tokens: int) -> list[StreamResult]:
+async def reference_pass(client: httpx.AsyncClient, model: str, variants: int, fields: dict[str, Any]) -> list[StreamResult]:
     references = []
     for k in range(variants):
-        result = await stream_chat(client, model, variant_prompt(k), max_tokens, f"reference-{k}")
+        result = await stream_chat(client, model, variant_prompt(k), fields, f"reference-{k}")
         if result.error or not result.done:
             raise SystemExit(f"reference request {k} failed: {result.error}")
         references.append(result)
@@ -160,7 +161,7 @@ async def reference_pass(client: httpx.AsyncClient, model: str, variants: int, m
 
 
 async def load_pass(
-    client: httpx.AsyncClient, model: str, clients: int, duration: float, references: list[StreamResult], max_tokens: int, audio_atol: float
+    client: httpx.AsyncClient, model: str, clients: int, duration: float, references: list[StreamResult], fields: dict[str, Any], audio_atol: float
 ) -> tuple[list[Outcome], float]:
     counter = iter(range(10**9))
     outcomes: list[Outcome] = []
@@ -172,7 +173,7 @@ async def load_pass(
         while time.perf_counter() < deadline:
             n = next(counter)
             k = n % len(references)
-            result = await stream_chat(client, model, variant_prompt(k), max_tokens, f"load-{n}")
+            result = await stream_chat(client, model, variant_prompt(k), fields, f"load-{n}")
             kind, problem = check(result, references[k], seen_ids, audio_atol)
             outcomes.append(Outcome(n, k, result, problem, kind))
 
@@ -230,9 +231,14 @@ async def run(args: argparse.Namespace, url: str) -> str:
     limits = httpx.Limits(max_connections=args.clients + 4, max_keepalive_connections=args.clients + 4)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(300.0), limits=limits) as client:
         started = time.perf_counter()
-        references = await reference_pass(client, args.model, variants, args.max_tokens)
+        fields: dict[str, Any] = {"max_tokens": args.max_tokens}
+        if args.voice:
+            fields["audio"] = {"format": "pcm16", "voice": args.voice}
+        if args.stage_params:
+            fields["stage_params"] = json.loads(args.stage_params)
+        references = await reference_pass(client, args.model, variants, fields)
         print(f"reference pass: {variants} prompts alone in {time.perf_counter() - started:.1f} s", flush=True)
-        outcomes, elapsed = await load_pass(client, args.model, args.clients, args.duration, references, args.max_tokens, args.audio_atol)
+        outcomes, elapsed = await load_pass(client, args.model, args.clients, args.duration, references, fields, args.audio_atol)
         metrics = (await client.get("/metrics")).text
     return report(args, outcomes, elapsed, metrics)
 
@@ -243,6 +249,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--voice", default=None, help="audio voice (default: the model's)")
+    parser.add_argument("--stage-params", default=None, metavar="JSON", help='per-stage parameters, e.g. \'{"talker": {"max_tokens": 48}}\'')
     parser.add_argument("--variants", type=int, default=0, help="distinct prompts (default: 2 x clients)")
     parser.add_argument("--audio-atol", type=float, default=2e-3, help="largest sample difference from the prompt run alone")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="STAGE.OPTION=VALUE", help="deploy override for the started server")

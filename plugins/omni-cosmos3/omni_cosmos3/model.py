@@ -32,12 +32,12 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, MissingDependencyError
 from omni_core.stages import diffusion_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+from omni_cosmos3.layers import Context, attention, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
 
 
@@ -97,7 +97,7 @@ class Cosmos3Model(DiffusionModel):
         self.dtype = torch.float32
         # batch_key -> (the rows, their attention context): a group's context only changes when a
         # sample joins or leaves, so it is rebuilt then, not every step (hundreds of small copies).
-        self._contexts: OrderedDict[Any, tuple[list[_Row], _Context]] = OrderedDict()
+        self._contexts: OrderedDict[Any, tuple[list[_Row], Context]] = OrderedDict()
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -374,7 +374,7 @@ class Cosmos3Model(DiffusionModel):
             k = attn.norm_k(attn.to_k(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
             v = attn.to_v(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))
             k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
-            q, k, k_for_gen = (_rope(x, cos, sin) for x in (q, k, k_for_gen))
+            q, k, k_for_gen = (rope(x, cos, sin) for x in (q, k, k_for_gen))
             per_layer.append((k_for_gen, v))
             # Right padding is harmless under a causal mask: real tokens never see the padding.
             out = attention(q, k, v, causal=True)
@@ -418,7 +418,7 @@ class Cosmos3Model(DiffusionModel):
 
         # Generator-tower input per sample (identical for its guidance branches).
         latents = torch.cat([st.latents for st in states]).to(self.dtype)  # [S, C, T, h, w]
-        tokens = transformer.proj_in(_patchify(latents, self.patch))
+        tokens = transformer.proj_in(patchify(latents, self.patch))
         time_dtype = next(transformer.time_embedder.parameters()).dtype
         # One stacked tensor, not .item() per sample: each .item() would wait for the GPU.
         scaled = torch.stack([torch.as_tensor(t, device=self.device) for t in timesteps]).float() * config.timestep_scale
@@ -450,10 +450,10 @@ class Cosmos3Model(DiffusionModel):
             gen = self._cached_stack(gen, context, cache_rows, samples, row_sample)
         else:
             for index, layer in enumerate(transformer.layers):
-                gen = _generator_layer(layer, gen, context, index)
+                gen = generator_layer(layer, gen, context, index)
         gen = transformer.norm_moe_gen(gen)
 
-        preds_vision = _unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
+        preds_vision = unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
         preds_sound = None
         if states[0].sound_latents is not None:
             preds_sound = transformer.audio_proj_out(gen[:, num_vision : num_vision + num_sound]).transpose(1, 2)  # [B, Cs, Ts]
@@ -486,7 +486,7 @@ class Cosmos3Model(DiffusionModel):
                 actions.latents[:, actions.raw_dim :] = 0
             first += count
 
-    def _context(self, key: Any, rows: list[_Row], gen: torch.Tensor) -> "_Context":
+    def _context(self, key: Any, rows: list[_Row], gen: torch.Tensor) -> "Context":
         """The group's attention context, reused while the group's rows stay the same."""
         cached = self._contexts.get(key)
         if cached is not None and len(cached[0]) == len(rows) and all(a is b for a, b in zip(cached[0], rows)):
@@ -494,17 +494,17 @@ class Cosmos3Model(DiffusionModel):
             return cached[1]
         positions = torch.stack([row.gen_positions for row in rows], dim=1)  # [3, B, M]
         cos, sin = self.transformer.rotary_emb(position_ids=positions, device=self.device, dtype=gen.dtype)
-        context = _Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), gen.shape[1], self.device)
+        context = Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), gen.shape[1], self.device)
         self._contexts[key] = (list(rows), context)
         while len(self._contexts) > 4:  # groups of other shapes that have finished
             self._contexts.popitem(last=False)
         return context
 
-    def _cached_stack(self, gen: torch.Tensor, context: "_Context", cache_rows: list, samples: list[DiffusionSample], row_sample: list[int]) -> torch.Tensor:
+    def _cached_stack(self, gen: torch.Tensor, context: "Context", cache_rows: list, samples: list[DiffusionSample], row_sample: list[int]) -> torch.Tensor:
         """First-block caching: run block 0 everywhere, the rest only on rows whose input changed enough."""
         layers = list(self.transformer.layers)
         before = gen
-        gen = _generator_layer(layers[0], gen, context, 0)
+        gen = generator_layer(layers[0], gen, context, 0)
         signal = gen - before
         steps = [samples[i].step for i in row_sample]
         totals = [samples[i].total_steps for i in row_sample]
@@ -515,7 +515,7 @@ class Cosmos3Model(DiffusionModel):
             sub = context.select(index)
             rest = gen[index]
             for layer_index, layer in enumerate(layers[1:], start=1):
-                rest = _generator_layer(layer, rest, sub, layer_index)
+                rest = generator_layer(layer, rest, sub, layer_index)
             out[index] = rest
         for i, (state, branch) in enumerate(cache_rows):
             if state is None:
@@ -579,124 +579,6 @@ def _guided(preds: torch.Tensor, scale: float) -> torch.Tensor:
         return preds[0]
     cond, uncond = preds[0], preds[1]
     return uncond + scale * (cond - uncond)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _patchify(latents: torch.Tensor, p: int) -> torch.Tensor:
-    """[S, C, T, H, W] -> [S, T*ceil(H/p)*ceil(W/p), p*p*C], the transformer's token order.
-
-    Sizes that are not a multiple of the patch are zero-padded, as the transformer does (action
-    conditioning keeps the frames' content size, which need not be a multiple).
-    """
-    s, c, t, h, w = latents.shape
-    ph, pw = -(-h // p) * p, -(-w // p) * p
-    if (ph, pw) != (h, w):
-        latents = F.pad(latents, (0, pw - w, 0, ph - h))
-    x = latents.reshape(s, c, t, ph // p, p, pw // p, p)
-    return torch.einsum("bcthpwq->bthwpqc", x).reshape(s, -1, p * p * c)
-
-
-def _unpatchify(tokens: torch.Tensor, shape: torch.Size, p: int) -> torch.Tensor:
-    """[B, T*ceil(H/p)*ceil(W/p), p*p*C] -> [B, C, T, H, W] (the padding cut off)."""
-    c, t, h, w = shape
-    ph, pw = -(-h // p) * p, -(-w // p) * p
-    x = tokens.reshape(tokens.shape[0], t, ph // p, pw // p, p, p, c)
-    return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, ph, pw)[..., :h, :w]
-
-
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
-    expand_kv: bool | None = None,
-) -> torch.Tensor:
-    """Grouped-query attention over [B, L, heads, head_dim] inputs -> [B, heads, Lq, head_dim].
-
-    `expand_kv` (default: on CUDA when a mask is given) repeats the key/value heads instead of
-    passing ``enable_gqa``: PyTorch's fused CUDA kernels do not take a mask together with
-    ``enable_gqa`` and fall back to the math kernel, which materialises every score in float32
-    (tens of GiB for a batch of 1024x1024 images). The result is the same either way.
-    """
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    groups = q.shape[1] // k.shape[1]
-    if expand_kv is None:
-        expand_kv = mask is not None and q.device.type == "cuda"
-    if expand_kv and groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
-
-
-def _attention_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: "_Context", index: int) -> torch.Tensor:
-    """Attention row by row over each row's real keys, with no mask.
-
-    On CUDA a padding mask rules out the flash kernel (and grouped heads must then be expanded);
-    each row's generator tokens are thousands of queries, so one unmasked flash call per row is
-    faster than one masked call for the batch, while the linears around it stay batched.
-    """
-    outs = []
-    for i, length in enumerate(context.lengths):
-        keys = torch.cat([context.keys[index][i : i + 1, :length], k[i : i + 1]], dim=1)
-        values = torch.cat([context.values[index][i : i + 1, :length], v[i : i + 1]], dim=1)
-        outs.append(attention(q[i : i + 1], keys, values))
-    return torch.cat(outs, dim=0)
-
-
-@attrs.define
-class _Context:
-    """Per-row attention context of a generator step: padded reasoner keys/values and positions."""
-
-    keys: list[torch.Tensor]  # per layer [B, N_max, kvh, hd]
-    values: list[torch.Tensor]
-    mask: torch.Tensor  # [B, 1, 1, N_max + M] True where a key is real
-    cos: torch.Tensor  # [B, M, 1, hd]
-    sin: torch.Tensor
-    lengths: list[int] = attrs.field(factory=list)  # real reasoner keys per row
-
-    @classmethod
-    def build(cls, rows: list[_Row], cos: torch.Tensor, sin: torch.Tensor, gen_len: int, device: torch.device) -> "_Context":
-        lengths = [row.kv[0][0].shape[0] for row in rows]
-        n_max = max(lengths)
-        keys, values = [], []
-        for layer in range(len(rows[0].kv)):
-            k0, v0 = rows[0].kv[layer]
-            k = k0.new_zeros(len(rows), n_max, *k0.shape[1:])
-            v = v0.new_zeros(len(rows), n_max, *v0.shape[1:])
-            for i, row in enumerate(rows):
-                k[i, : lengths[i]], v[i, : lengths[i]] = row.kv[layer]
-            keys.append(k)
-            values.append(v)
-        mask = torch.ones(len(rows), n_max + gen_len, dtype=torch.bool, device=device)
-        for i, length in enumerate(lengths):
-            mask[i, length:n_max] = False
-        return cls(keys, values, mask[:, None, None, :], cos, sin, lengths)
-
-    def select(self, index: list[int]) -> "_Context":
-        return _Context(
-            [k[index] for k in self.keys], [v[index] for v in self.values], self.mask[index], self.cos[index], self.sin[index],
-            [self.lengths[i] for i in index],
-        )
-
-
-def _generator_layer(layer: Any, gen: torch.Tensor, context: _Context, index: int) -> torch.Tensor:
-    """One decoder layer's generator pathway (`Cosmos3VLTextMoTDecoderLayer`), batched over rows."""
-    attn = layer.self_attn
-    normed = layer.input_layernorm_moe_gen(gen)
-    q = attn.norm_added_q(attn.add_q_proj(normed).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
-    k = attn.norm_added_k(attn.add_k_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
-    v = attn.add_v_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))
-    q, k = _rope(q, context.cos, context.sin), _rope(k, context.cos, context.sin)
-    if gen.is_cuda and context.lengths:
-        out = _attention_per_row(q, k, v, context, index)
-    else:
-        keys = torch.cat([context.keys[index], k], dim=1)
-        values = torch.cat([context.values[index], v], dim=1)
-        out = attention(q, keys, values, mask=context.mask)
-    gen = gen + attn.to_add_out(out.transpose(1, 2).flatten(-2))
-    return gen + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(gen))
 
 
 __all__ = ["Cosmos3Model", "TASKS"]

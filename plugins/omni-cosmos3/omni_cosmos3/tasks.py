@@ -104,7 +104,6 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
     if task in ACTION_TASKS:
         action = _action(task, merged, temporal_factor)
         # The size comes from the conditioning frames and the tier (the model resolves it).
-        size = (0, 0)
         num_frames = action.chunk_size + 1
     else:
         stray = sorted(k for k in ACTION_FIELDS if merged.get(k) is not None)

@@ -241,7 +241,7 @@ def test_per_row_attention_equals_the_masked_batch() -> None:
     """The CUDA path (one unmasked attention per row over its real keys) equals the masked batch."""
     import torch
 
-    from omni_cosmos3.model import _Context, _attention_per_row, attention
+    from omni_cosmos3.layers import Context, attention, attention_per_row
 
     torch.manual_seed(0)
     rows, gen_tokens, heads, kv_heads, dim = 4, 16, 8, 2, 32
@@ -251,8 +251,8 @@ def test_per_row_attention_equals_the_masked_batch() -> None:
     mask = torch.ones(rows, n_max + gen_tokens, dtype=torch.bool)
     for i, length in enumerate(lengths):
         mask[i, length:n_max] = False
-    context = _Context(keys, values, mask[:, None, None, :], torch.empty(0), torch.empty(0), lengths)
+    context = Context(keys, values, mask[:, None, None, :], torch.empty(0), torch.empty(0), lengths)
     q = torch.randn(rows, gen_tokens, heads, dim)
     k, v = torch.randn(rows, gen_tokens, kv_heads, dim), torch.randn(rows, gen_tokens, kv_heads, dim)
     batched = attention(q, torch.cat([keys[0], k], 1), torch.cat([values[0], v], 1), mask=context.mask)
-    torch.testing.assert_close(_attention_per_row(q, k, v, context, 0), batched, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attention_per_row(q, k, v, context, 0), batched, atol=1e-5, rtol=1e-5)

@@ -20,7 +20,7 @@ import torch
 from omni_core.config import resolve
 from omni_core.outputs import StageInput
 from omni_core.stages.diffusion import DiffusionStageRuntime
-from omni_cosmos3.model import attention
+from omni_cosmos3.layers import attention
 
 MODEL = "omni-tiny/cosmos3"
 PROMPT = "a robot arm picks up a blue cube"

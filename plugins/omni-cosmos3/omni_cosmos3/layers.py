@@ -1,0 +1,128 @@
+"""The generator tower's tensor work for `Cosmos3Model`: rotary embedding, patching, attention over
+each row's reasoner keys plus its own tokens (`Context`), and one decoder layer batched over rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def patchify(latents: torch.Tensor, p: int) -> torch.Tensor:
+    """[S, C, T, H, W] -> [S, T*ceil(H/p)*ceil(W/p), p*p*C], the transformer's token order.
+
+    Sizes that are not a multiple of the patch are zero-padded, as the transformer does (action
+    conditioning keeps the frames' content size, which need not be a multiple).
+    """
+    s, c, t, h, w = latents.shape
+    ph, pw = -(-h // p) * p, -(-w // p) * p
+    if (ph, pw) != (h, w):
+        latents = F.pad(latents, (0, pw - w, 0, ph - h))
+    x = latents.reshape(s, c, t, ph // p, p, pw // p, p)
+    return torch.einsum("bcthpwq->bthwpqc", x).reshape(s, -1, p * p * c)
+
+
+def unpatchify(tokens: torch.Tensor, shape: torch.Size, p: int) -> torch.Tensor:
+    """[B, T*ceil(H/p)*ceil(W/p), p*p*C] -> [B, C, T, H, W] (the padding cut off)."""
+    c, t, h, w = shape
+    ph, pw = -(-h // p) * p, -(-w // p) * p
+    x = tokens.reshape(tokens.shape[0], t, ph // p, pw // p, p, p, c)
+    return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, ph, pw)[..., :h, :w]
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+    expand_kv: bool | None = None,
+) -> torch.Tensor:
+    """Grouped-query attention over [B, L, heads, head_dim] inputs -> [B, heads, Lq, head_dim].
+
+    `expand_kv` (default: on CUDA when a mask is given) repeats the key/value heads instead of
+    passing ``enable_gqa``: PyTorch's fused CUDA kernels do not take a mask together with
+    ``enable_gqa`` and fall back to the math kernel, which materialises every score in float32
+    (tens of GiB for a batch of 1024x1024 images). The result is the same either way.
+    """
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    groups = q.shape[1] // k.shape[1]
+    if expand_kv is None:
+        expand_kv = mask is not None and q.device.type == "cuda"
+    if expand_kv and groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=groups > 1)
+
+
+def attention_per_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: "Context", index: int) -> torch.Tensor:
+    """Attention row by row over each row's real keys, with no mask.
+
+    On CUDA a padding mask rules out the flash kernel (and grouped heads must then be expanded);
+    each row's generator tokens are thousands of queries, so one unmasked flash call per row is
+    faster than one masked call for the batch, while the linears around it stay batched.
+    """
+    outs = []
+    for i, length in enumerate(context.lengths):
+        keys = torch.cat([context.keys[index][i : i + 1, :length], k[i : i + 1]], dim=1)
+        values = torch.cat([context.values[index][i : i + 1, :length], v[i : i + 1]], dim=1)
+        outs.append(attention(q[i : i + 1], keys, values))
+    return torch.cat(outs, dim=0)
+
+
+@attrs.define
+class Context:
+    """Per-row attention context of a generator step: padded reasoner keys/values and positions."""
+
+    keys: list[torch.Tensor]  # per layer [B, N_max, kvh, hd]
+    values: list[torch.Tensor]
+    mask: torch.Tensor  # [B, 1, 1, N_max + M] True where a key is real
+    cos: torch.Tensor  # [B, M, 1, hd]
+    sin: torch.Tensor
+    lengths: list[int] = attrs.field(factory=list)  # real reasoner keys per row
+
+    @classmethod
+    def build(cls, rows: list[Any], cos: torch.Tensor, sin: torch.Tensor, gen_len: int, device: torch.device) -> "Context":
+        lengths = [row.kv[0][0].shape[0] for row in rows]
+        n_max = max(lengths)
+        keys, values = [], []
+        for layer in range(len(rows[0].kv)):
+            k0, v0 = rows[0].kv[layer]
+            k = k0.new_zeros(len(rows), n_max, *k0.shape[1:])
+            v = v0.new_zeros(len(rows), n_max, *v0.shape[1:])
+            for i, row in enumerate(rows):
+                k[i, : lengths[i]], v[i, : lengths[i]] = row.kv[layer]
+            keys.append(k)
+            values.append(v)
+        mask = torch.ones(len(rows), n_max + gen_len, dtype=torch.bool, device=device)
+        for i, length in enumerate(lengths):
+            mask[i, length:n_max] = False
+        return cls(keys, values, mask[:, None, None, :], cos, sin, lengths)
+
+    def select(self, index: list[int]) -> "Context":
+        return Context(
+            [k[index] for k in self.keys], [v[index] for v in self.values], self.mask[index], self.cos[index], self.sin[index],
+            [self.lengths[i] for i in index],
+        )
+
+
+def generator_layer(layer: Any, gen: torch.Tensor, context: Context, index: int) -> torch.Tensor:
+    """One decoder layer's generator pathway (`Cosmos3VLTextMoTDecoderLayer`), batched over rows."""
+    attn = layer.self_attn
+    normed = layer.input_layernorm_moe_gen(gen)
+    q = attn.norm_added_q(attn.add_q_proj(normed).unflatten(-1, (attn.num_attention_heads, attn.head_dim)))
+    k = attn.norm_added_k(attn.add_k_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim)))
+    v = attn.add_v_proj(normed).unflatten(-1, (attn.num_key_value_heads, attn.head_dim))
+    q, k = rope(q, context.cos, context.sin), rope(k, context.cos, context.sin)
+    if gen.is_cuda and context.lengths:
+        out = attention_per_row(q, k, v, context, index)
+    else:
+        keys = torch.cat([context.keys[index], k], dim=1)
+        values = torch.cat([context.values[index], v], dim=1)
+        out = attention(q, keys, values, mask=context.mask)
+    gen = gen + attn.to_add_out(out.transpose(1, 2).flatten(-2))
+    return gen + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(gen))
