@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from omni_core.engine.request import OmniRequest
     from omni_qwen3.video import DecodedVideo, QwenVideoProcessor
 
+
+# Largest image accepted (pixels): far above what the processor keeps, far below a decompression bomb.
+MAX_IMAGE_PIXELS = 4096 * 4096
 AUDIO_SAMPLE_RATE = 16000
 DEFAULT_SPEAKER = "Ethan"
 SPEECH_SYSTEM_PROMPT = (
@@ -282,8 +285,15 @@ def _decode_image_url(value: Any, where: str) -> Any:
 
     try:
         image = Image.open(io.BytesIO(raw))
+        # The header gives the size: refuse huge images before decoding them (memory, time).
+        if image.width * image.height > MAX_IMAGE_PIXELS:
+            raise InvalidRequestError(
+                f"{where}: the image is {image.width}x{image.height}; images are limited to {MAX_IMAGE_PIXELS} pixels "
+                "(the processor resizes them to at most ~0.8 megapixels anyway): downscale it first",
+                param="messages",
+            )
         image.load()
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidRequestError(f"{where}: cannot decode the image ({exc})", param="messages") from None
     return image.convert("RGB")
 

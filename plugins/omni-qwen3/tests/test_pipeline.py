@@ -155,6 +155,17 @@ def test_bad_messages(processor: Qwen3OmniInputProcessor, messages: Any, match: 
         processor(OmniRequest(messages=messages))
 
 
+def test_oversized_image_is_refused_before_decoding(processor: Qwen3OmniInputProcessor) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (5000, 4000)).save(buffer, format="PNG")  # 20 megapixels, a small file
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    with pytest.raises(InvalidRequestError, match="5000x4000.*limited"):
+        processor(OmniRequest(messages=messages))
+
+
 def test_compat_serves_the_pil_image_module() -> None:
     """Where torchvision is missing, vLLM's qwen2_vl import chain works through the PIL twin."""
     if compat.torchvision_available():
