@@ -26,7 +26,6 @@ class OmniResult:
     token_ids: list[int] = attrs.field(factory=list)
     prompt_token_ids: list[int] | None = None
     finish_reason: str | None = None
-    audio: Any = None
     sample_rate: int | None = None
     images: list[Any] = attrs.field(factory=list)
     video: Any = None
@@ -54,12 +53,8 @@ class OmniResult:
         if "audio" in data or "sample_rate" in data:
             audio = data.pop("audio", None)
             if audio is not None and len(audio):
-                self._audio_parts.append(_numpy(audio).reshape(-1))
+                self._audio_parts.append(_numpy(audio).reshape(-1).astype("float32", copy=False))
             self.sample_rate = data.pop("sample_rate", None) or self.sample_rate
-            if self._audio_parts:
-                import numpy as np
-
-                self.audio = np.concatenate(self._audio_parts).astype("float32", copy=False)
         image = data.pop("image", None)
         if image is not None:
             self.images.extend(image if isinstance(image, list) else [image])
@@ -70,6 +65,17 @@ class OmniResult:
         actions = data.pop("actions", None)
         if actions is not None:
             self.actions = actions
+
+    @property
+    def audio(self) -> Any:
+        """All audio so far as one float32 array (joined on read, not on every chunk), or None."""
+        if not self._audio_parts:
+            return None
+        if len(self._audio_parts) > 1:
+            import numpy as np
+
+            self._audio_parts[:] = [np.concatenate(self._audio_parts)]
+        return self._audio_parts[0]
 
     @property
     def audio_duration(self) -> float | None:
