@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
 import math
 from typing import TYPE_CHECKING, Any
@@ -61,10 +62,6 @@ class Qwen3OmniInputProcessor:
         self.stage_names = {stage.name for stage in pipeline.stages}
         options = pipeline.stage(THINKER).options if THINKER in self.stage_names else {}
         self.max_model_len = int(options.get("max_model_len") or self.text_config.get("max_position_embeddings") or 32768)
-        self._tokenizer: Any = None
-        self._image_processor: Any = None
-        self._video_processor: QwenVideoProcessor | None = None
-        self._hop_length: int | None = None
 
     # -- the request -----------------------------------------------------------------------------
 
@@ -208,37 +205,29 @@ class Qwen3OmniInputProcessor:
 
     # -- lazily loaded parts ---------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+        from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        return self._tokenizer
+        return AutoTokenizer.from_pretrained(self.model_path)
 
-    @property
+    @functools.cached_property
     def image_processor(self) -> Any:
-        if self._image_processor is None:
-            from transformers import Qwen2VLImageProcessorPil
+        from transformers import Qwen2VLImageProcessorPil
 
-            self._image_processor = Qwen2VLImageProcessorPil.from_pretrained(self.model_path)
-        return self._image_processor
+        return Qwen2VLImageProcessorPil.from_pretrained(self.model_path)
 
-    @property
+    @functools.cached_property
     def video_processor(self) -> QwenVideoProcessor:
-        if self._video_processor is None:
-            from omni_qwen3.video import QwenVideoProcessor
+        from omni_qwen3.video import QwenVideoProcessor
 
-            self._video_processor = QwenVideoProcessor.from_pretrained(self.model_path)
-        return self._video_processor
+        return QwenVideoProcessor.from_pretrained(self.model_path)
 
-    @property
+    @functools.cached_property
     def hop_length(self) -> int:
-        if self._hop_length is None:
-            from transformers import WhisperFeatureExtractor
+        from transformers import WhisperFeatureExtractor
 
-            self._hop_length = int(WhisperFeatureExtractor.from_pretrained(self.model_path).hop_length)
-        return self._hop_length
+        return int(WhisperFeatureExtractor.from_pretrained(self.model_path).hop_length)
 
 
 # -- decoding -------------------------------------------------------------------------------------

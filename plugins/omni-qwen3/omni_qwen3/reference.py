@@ -236,6 +236,28 @@ def synthetic_image(width: int = 64, height: int = 64) -> Any:
     return Image.fromarray(rgb.astype(np.uint8), mode="RGB")
 
 
+def wav_base64(audio: np.ndarray, rate: int = AUDIO_SAMPLING_RATE) -> str:
+    """`audio` as a base64 float WAV, the OpenAI ``input_audio`` payload (exact round trip)."""
+    import base64
+    import io
+
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, rate, format="WAV", subtype="FLOAT")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def png_data_url(image: Any) -> str:
+    """A PIL image as a ``data:image/png;base64,...`` URL, the OpenAI ``image_url`` payload."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
 def _collect_media(messages: Messages) -> tuple[list[Any], list[Any], list[Any]]:
     """Audio arrays, images and videos (`omni_qwen3.video.DecodedVideo`) in message order (the
     order of their placeholders)."""

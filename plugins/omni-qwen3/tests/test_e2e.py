@@ -14,7 +14,6 @@ chunks as `OutputDelta`s (``data["codes"]``); requests that do not behave as in 
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
-from omni_qwen3.reference import ReferenceOutput, load_model, reference_generate, sine_wave, synthetic_image  # noqa: E402
+from omni_qwen3.reference import ReferenceOutput, load_model, reference_generate, sine_wave, synthetic_image, png_data_url, wav_base64  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
@@ -50,20 +49,6 @@ GREEDY = {"thinker": {"max_tokens": MAX_TEXT, "temperature": 0.0}, "talker": {"m
 TAP = "action"
 WITH_CODES = ("text", "audio", TAP)
 WAVE_ATOL = 1e-5
-
-
-def wav_base64(audio: np.ndarray, rate: int = 16000) -> str:
-    import soundfile
-
-    buffer = io.BytesIO()
-    soundfile.write(buffer, audio, rate, format="WAV", subtype="FLOAT")  # float: exact round trip
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def png_data_url(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 AUDIO = sine_wave(1.0)

@@ -10,7 +10,6 @@ stages are tested by their own files).
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import subprocess
@@ -19,13 +18,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import attrs
-import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
-from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, sine_wave, synthetic_image  # noqa: E402
+from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, sine_wave, synthetic_image, png_data_url, wav_base64  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
@@ -37,20 +35,6 @@ from omni_core.stages.ar import ARStageRuntime  # noqa: E402
 
 MAX_TOKENS = 12
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
-
-
-def wav_base64(audio: np.ndarray, rate: int = 16000) -> str:
-    import soundfile
-
-    buffer = io.BytesIO()
-    soundfile.write(buffer, audio, rate, format="WAV", subtype="FLOAT")  # float: exact round trip
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def png_data_url(image: Any) -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 AUDIO = sine_wave(1.0)
