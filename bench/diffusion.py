@@ -277,7 +277,7 @@ class DiffusersSystem:
 class OmniSystem:
     """Omni: the Cosmos3 family's pipeline (one diffusion stage, inline), resolved without entry points."""
 
-    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int) -> None:
+    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, compile: bool = False) -> None:
         import omni_cosmos3.plugin
         from omni_core import Omni
         from omni_core.config import resolve
@@ -286,7 +286,7 @@ class OmniSystem:
         # Explicit plugins: the GPU machine runs from a source tree with no installed entry points.
         host = load_plugins(entry_points=(), extra_plugins=[omni_cosmos3.plugin])
         overrides = ["generator.placement=inline", f"generator.max_num_seqs={max_num_seqs}", "streaming=false",
-                     f"generator.dtype={dtype}", f"generator.device={device}"]
+                     f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compile).lower()}"]
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
 
     @staticmethod
@@ -403,7 +403,8 @@ class Report:
             f"# Diffusion benchmark, preset {a['preset']} ({m.get('transformer_params', 0) / 1e9:.2f}B transformer parameters)",
             "",
             f"{m.get('device_name', a['device'])}, {a['dtype']}, {a['size']}x{a['size']} text-to-image, {a['steps']} steps, "
-            f"CFG {a['guidance']}, concurrency 1 and {a['concurrency']}. torch {m.get('torch')}, diffusers {m.get('diffusers')}.",
+            f"CFG {a['guidance']}, concurrency 1 and {a['concurrency']}. torch {m.get('torch')}, diffusers {m.get('diffusers')}. "
+            f"Omni's stage {'compiled (generator.compile=true)' if a.get('compile') else 'eager'}.",
             f"Matmul ceiling ({a['ceiling_n']}^3, {a['dtype']}): {m.get('ceiling_flops', 0) / 1e12:.1f} TFLOP/s. "
             f"Pipeline FLOPs per request: {m.get('pipeline_flops_per_request', 0) / 1e12:.3f} T; executed by Omni "
             f"(cache off): {m.get('executed_flops_per_request', 0) / 1e12:.3f} T; image tokens {m.get('image_tokens')}, "
@@ -549,10 +550,14 @@ def run_part(args: argparse.Namespace) -> Report:
         report.meta["cuda_allocated_before_omni_mib"] = torch.cuda.memory_allocated(args.device) / 2**20
 
     began = time.perf_counter()
-    omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n)
+    omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, compile=args.compile)
     report.meta["omni_load_s"] = time.perf_counter() - began
     try:
-        omni.omni.generate([OmniSystem.request(i, size, min(2, steps), guidance, None) for i in range(n)])  # warm-up
+        # Warm-up: every batch shape measured below (one request, N, N with some rows cached), so
+        # that a compiled stage has compiled them all before the clock runs.
+        omni.omni.generate(OmniSystem.request(0, size, min(2, steps), guidance, None))
+        omni.omni.generate([OmniSystem.request(i, size, min(2, steps), guidance, None) for i in range(n)])
+        omni.omni.generate([OmniSystem.request(i, size, min(4, steps), guidance, 1.0) for i in range(n)])
         measured("omni c1", lambda: omni.run(1, preset.requests_at_1, size, steps, guidance, memory))
         measured(f"omni c{n}", lambda: omni.run(n, n, size, steps, guidance, memory))
         for threshold in args.cache_thresholds or preset.cache_thresholds:
@@ -578,6 +583,7 @@ def main() -> None:
     parser.add_argument("--cache-thresholds", type=lambda s: [float(x) for x in s.split(",")], default=None,
                         help="comma-separated first-block cache thresholds (default: the preset's)")
     parser.add_argument("--ceiling-n", type=int, default=None, help="matmul size of the ceiling (default 8192 on CUDA, 1024 on CPU)")
+    parser.add_argument("--compile", action="store_true", help="Omni's stage with generator.compile=true (torch.compile)")
     parser.add_argument("--no-flop-check", dest="flop_check", action="store_false", help="skip the FlopCounterMode check")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no configuration after this many seconds")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out", help="results folder (default $OUT)")

@@ -42,6 +42,8 @@ class DiffusionOptions:
       `cache_warmup_steps` its settings; a request may override them with its ``cache`` parameter.
     - `vae_tiling` / `vae_tile`: decode in spatial tiles of `vae_tile` pixels (bounded memory).
     - `progress`: emit a ``progress`` chunk per request per step (when streaming).
+    - `compile`: compile the denoiser with `torch.compile` (the first step of each new batch shape
+      compiles, later ones run fused kernels); off by default, like diffusers.
     """
 
     max_num_seqs: int = attrs.field(default=8, validator=attrs.validators.ge(1))
@@ -55,6 +57,7 @@ class DiffusionOptions:
     vae_tiling: bool = False
     vae_tile: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(16)))
     progress: bool = True
+    compile: bool = False
 
 
 @attrs.define
@@ -95,6 +98,7 @@ class DiffusionStageRuntime(StageRuntime):
                 quantization=self._quantization(),
                 vae_tiling=self.options.vae_tiling,
                 vae_tile=self.options.vae_tile,
+                compile=self.options.compile,
             )
         )
         self.model = model

@@ -57,6 +57,7 @@ class LoadSpec:
       returned, e.g. ``{"method": "int8_weight_only"}``), or ``None``.
     - `vae_tiling`: decode in spatial tiles (bounded memory for large outputs); `vae_tile` is the
       tile size in pixels (``None``: the VAE's default).
+    - `compile`: compile the denoiser's layers with `torch.compile` (slower first step per shape).
     """
 
     device: str
@@ -64,6 +65,7 @@ class LoadSpec:
     quantization: dict[str, Any] | None = None
     vae_tiling: bool = False
     vae_tile: int | None = None
+    compile: bool = False
 
 
 class DiffusionModel(abc.ABC):

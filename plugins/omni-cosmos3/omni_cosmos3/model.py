@@ -37,7 +37,7 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, MissingDependencyError
 from omni_core.stages import diffusion_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
-from omni_cosmos3.layers import Context, attention, generator_layer, patchify, rope, unpatchify
+from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
 
 
@@ -98,6 +98,7 @@ class Cosmos3Model(DiffusionModel):
         # batch_key -> (the rows, their attention context): a group's context only changes when a
         # sample joins or leaves, so it is rebuilt then, not every step (hundreds of small copies).
         self._contexts: OrderedDict[Any, tuple[list[_Row], Context]] = OrderedDict()
+        self.kernels = EAGER
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -130,6 +131,7 @@ class Cosmos3Model(DiffusionModel):
                     tile_sample_stride_height=tile * 3 // 4, tile_sample_stride_width=tile * 3 // 4,
                 )
         self.pipe = pipe
+        self.kernels = LayerKernels.compiled() if spec.compile else EAGER
         config = pipe.transformer.config
         self.patch = int(config.latent_patch_size)
         self.sf_spatial = int(pipe.vae_scale_factor_spatial)
@@ -450,7 +452,7 @@ class Cosmos3Model(DiffusionModel):
             gen = self._cached_stack(gen, context, cache_rows, samples, row_sample)
         else:
             for index, layer in enumerate(transformer.layers):
-                gen = generator_layer(layer, gen, context, index)
+                gen = generator_layer(layer, gen, context, index, self.kernels)
         gen = transformer.norm_moe_gen(gen)
 
         preds_vision = unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
@@ -504,7 +506,7 @@ class Cosmos3Model(DiffusionModel):
         """First-block caching: run block 0 everywhere, the rest only on rows whose input changed enough."""
         layers = list(self.transformer.layers)
         before = gen
-        gen = generator_layer(layers[0], gen, context, 0)
+        gen = generator_layer(layers[0], gen, context, 0, self.kernels)
         signal = gen - before
         steps = [samples[i].step for i in row_sample]
         totals = [samples[i].total_steps for i in row_sample]
@@ -515,7 +517,7 @@ class Cosmos3Model(DiffusionModel):
             sub = context.select(index)
             rest = gen[index]
             for layer_index, layer in enumerate(layers[1:], start=1):
-                rest = generator_layer(layer, rest, sub, layer_index)
+                rest = generator_layer(layer, rest, sub, layer_index, self.kernels)
             out[index] = rest
         for i, (state, branch) in enumerate(cache_rows):
             if state is None:

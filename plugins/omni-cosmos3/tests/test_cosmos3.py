@@ -195,6 +195,20 @@ def test_int8_quantization_stays_close(pipeline):
     assert psnr(pixels(quantized), pixels(plain)) >= 40.0  # measured ~62 dB
 
 
+def test_compiled_stage_equals_eager(pipeline, batched):
+    """`compile=true` (torch.compile around the attention) gives the eager outputs, batch shapes changing."""
+    _, eager = batched
+    runtime = make_runtime(pipeline, max_num_seqs=8, admission_window_ms=0.0, compile=True)
+    from omni_cosmos3.layers import EAGER
+
+    assert runtime.model.kernels != EAGER
+    first = {"waves": REQUESTS["waves"]}
+    later = {k: v for k, v in REQUESTS.items() if k != "waves"}
+    outputs = run(runtime, first, joins={2: later})  # the batch grows mid-run: a new shape compiles
+    for rid in REQUESTS:
+        assert np.abs(pixels(outputs[rid]).astype(int) - pixels(eager[rid]).astype(int)).max() <= 1, rid
+
+
 def test_vae_tiling_decodes_close_to_untiled(pipeline):
     item = request("a wide landscape", seed=2, size=(64, 48), steps=2)
     plain = run(make_runtime(pipeline, admission_window_ms=0.0), {"r": item})["r"]
@@ -250,9 +264,10 @@ def test_per_row_attention_equals_the_masked_batch() -> None:
     keys, values = [torch.randn(rows, n_max, kv_heads, dim)], [torch.randn(rows, n_max, kv_heads, dim)]
     mask = torch.ones(rows, n_max + gen_tokens, dtype=torch.bool)
     for i, length in enumerate(lengths):
-        mask[i, length:n_max] = False
+        mask[i, : n_max - length] = False  # right-aligned: the padding comes first
     context = Context(keys, values, mask[:, None, None, :], torch.empty(0), torch.empty(0), lengths)
     q = torch.randn(rows, gen_tokens, heads, dim)
     k, v = torch.randn(rows, gen_tokens, kv_heads, dim), torch.randn(rows, gen_tokens, kv_heads, dim)
-    batched = attention(q, torch.cat([keys[0], k], 1), torch.cat([values[0], v], 1), mask=context.mask)
-    torch.testing.assert_close(attention_per_row(q, k, v, context, 0), batched, atol=1e-5, rtol=1e-5)
+    all_keys, all_values = torch.cat([keys[0], k], 1), torch.cat([values[0], v], 1)
+    batched = attention(q, all_keys, all_values, mask=context.mask)
+    torch.testing.assert_close(attention_per_row(q, all_keys, all_values, context), batched, atol=1e-5, rtol=1e-5)
