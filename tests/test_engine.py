@@ -5,6 +5,7 @@ test_toy_pipeline.py.)"""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import attrs
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
+from omni_core.runtime.messages import Ping
 from omni_core.testing.fakes import passthrough_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,6 +119,52 @@ async def test_crashed_process_fails_its_requests_and_restarts():
         assert deltas[-1].data["prompt"] == "after"
         health = {h["stage"]: h for h in await engine.health()}
         assert health["s1"]["restarts"] == 1 and health["s1"]["healthy"]
+
+
+async def test_messages_larger_than_a_pipe_reach_a_worker_process():
+    async with AsyncOmniEngine(passthrough_pipeline(stages=2, placement="process")) as engine:
+        blob = "x" * (3 << 20)
+        deltas = await asyncio.wait_for(collect(engine, OmniRequest(prompt="big", params={"s1": {"echo": blob}})), 60)
+        assert deltas[-1].data["s1_echo"] == blob
+
+
+async def test_the_engine_loop_does_not_wait_for_a_busy_worker():
+    async with AsyncOmniEngine(passthrough_pipeline(stages=1, placement="process", step_delay_s=1.0)) as engine:
+        busy = asyncio.create_task(collect(engine, OmniRequest(prompt="first")))
+        await asyncio.sleep(0.2)  # the worker is inside its 1 s step and does not read its pipe
+        blob = "x" * (1 << 20)
+        start = time.monotonic()
+        streams = [await engine.submit(OmniRequest(prompt=f"p{i}", params={"s0": {"echo": blob}})) for i in range(8)]
+        assert time.monotonic() - start < 0.6  # 8 MiB of messages queued without waiting for the step
+        results = [[delta async for delta in stream] for stream in streams]
+        assert all(r[-1].data["s0_echo"] == blob for r in results)
+        await busy
+
+
+async def test_a_killed_worker_is_reported_and_messages_sent_to_it_are_dropped():
+    async with AsyncOmniEngine(passthrough_pipeline(stages=2, placement="process")) as engine:
+        group = engine.groups["s1"]
+        dead = group.replicas[0]
+        dead.process.kill()
+        dead.process.join()
+        for token in range(100):
+            dead.send(Ping(token))  # nobody reads: dropped, never raised or blocking
+        for _ in range(500):  # the loop notices the exit and restarts the replica
+            if group.replicas[0] is not dead:
+                break
+            await asyncio.sleep(0.01)
+        assert group.restarts == [1]
+        deltas = await asyncio.wait_for(collect(engine, OmniRequest(prompt="after")), 60)
+        assert deltas[-1].data["prompt"] == "after"
+
+
+async def test_shutdown_stops_worker_processes_cleanly():
+    engine = AsyncOmniEngine(passthrough_pipeline(stages=2, placement="process"))
+    await engine.start()
+    await collect(engine, OmniRequest(prompt="x"))
+    processes = [replica.process for group in engine.groups.values() for replica in group.replicas]
+    await engine.shutdown()
+    assert [p.exitcode for p in processes] == [0, 0]  # they obeyed Shutdown: not terminated
 
 
 async def test_replicas_share_the_load():

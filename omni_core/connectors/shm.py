@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 import weakref
+from typing import Any
 
 import attrs
 import numpy as np
@@ -61,6 +62,11 @@ class ShmHandle:
     meta: bytes | None
     meta_offset: int = 0
     meta_len: int = 0
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        # Field values only: a handle rides in a pipe message on every hop, and attrs' pickling of
+        # a frozen class (field names, then a setattr each) costs several times more.
+        return ShmHandle, (self.pool, self.page, self.pages, self.tag, self.meta, self.meta_offset, self.meta_len)
 
 
 def _unlink_quietly(path: str, owner_pid: int | None = None) -> None:

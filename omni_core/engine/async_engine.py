@@ -87,7 +87,7 @@ class AsyncOmniEngine:
         self._started = False
         if self.orchestrator is not None:
             self.orchestrator.fail_all(StageError("engine", "the engine is shutting down"))
-        await asyncio.gather(*(asyncio.to_thread(group.stop) for group in self.groups.values()))
+        await asyncio.gather(*(group.stop() for group in self.groups.values()))
         for connector in self._connectors:
             connector.close()
         self._connectors = []

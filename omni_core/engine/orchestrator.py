@@ -1,7 +1,7 @@
 """The orchestrator: per-request state and routing of chunks between stage groups.
 
-Everything here runs on the engine's event loop and reacts to worker messages (delivered by the
-replicas' thread-safe hand-off): no polling. Tensors are not touched on the way through: edge
+Everything here runs on the engine's event loop and reacts to worker messages (which the replicas
+deliver on the loop): no polling. Tensors are not touched on the way through: edge
 chunks are forwarded as connector handles; only user-facing outputs are read here.
 """
 

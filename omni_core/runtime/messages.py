@@ -6,11 +6,25 @@ from typing import Any
 
 import attrs
 
+
+class _Message:
+    """Pickles as its class and field values.
+
+    A message crosses a pipe twice on every stage hop; attrs' own pickling of a frozen class (a
+    dict of field names, set back one by one) makes that several times dearer and larger.
+    """
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return type(self), tuple([getattr(self, field.name) for field in self.__attrs_attrs__])  # type: ignore[attr-defined]
+
+
 # -- engine -> worker ------------------------------------------------------------------------------
 
 
 @attrs.frozen
-class Submit:
+class Submit(_Message):
     """Input for a request: from the request (`source` = ``"request"``) or an upstream edge.
 
     The first `Submit` of a request carries `params` (merged per-stage parameters) and the routing
@@ -28,17 +42,17 @@ class Submit:
 
 
 @attrs.frozen
-class Abort:
+class Abort(_Message):
     request_id: str
 
 
 @attrs.frozen
-class Ping:
+class Ping(_Message):
     token: int
 
 
 @attrs.frozen
-class Shutdown:
+class Shutdown(_Message):
     pass
 
 
@@ -46,18 +60,18 @@ class Shutdown:
 
 
 @attrs.frozen
-class Ready:
+class Ready(_Message):
     pid: int
 
 
 @attrs.frozen
-class Progress:
+class Progress(_Message):
     description: str
     fraction: float
 
 
 @attrs.frozen
-class Emit:
+class Emit(_Message):
     """A chunk left the stage: towards stage `target` or, when `target` is None, to the user."""
 
     request_id: str
@@ -68,7 +82,7 @@ class Emit:
 
 
 @attrs.frozen
-class RequestFailed:
+class RequestFailed(_Message):
     """One request failed in this stage; `invalid` marks bad input (a client error)."""
 
     request_id: str
@@ -77,7 +91,7 @@ class RequestFailed:
 
 
 @attrs.frozen
-class StageFailed:
+class StageFailed(_Message):
     """The stage's step raised: every request in `request_ids` failed; the runtime is reloading."""
 
     message: str
@@ -85,7 +99,7 @@ class StageFailed:
 
 
 @attrs.frozen
-class Pong:
+class Pong(_Message):
     token: int
     active_requests: int
     stats: dict[str, Any] = attrs.field(factory=dict)

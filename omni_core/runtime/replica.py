@@ -1,17 +1,20 @@
 """Stage replicas by placement: ``inline`` (a thread here) and ``process`` (a spawned worker).
 
-A replica delivers every worker message to `on_message` on the engine's event loop (thread-safe
-hand-off, no polling) and reports a crashed worker as `None`.
+A replica delivers every worker message to `on_message` on the engine's event loop (an inline
+worker hands them over thread-safely; a process worker's pipe is read by the loop itself, see
+`channel`) and reports a crashed worker as `None`. No polling.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing as mp
 import os
 import queue
 import signal
 import threading
+from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 import attrs
@@ -20,6 +23,7 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
+from omni_core.runtime.channel import EngineChannel, WorkerChannel
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +64,15 @@ class InlineReplica:
         index: int,
         connectors: dict[str, Connector],
         on_message: OnMessage,
-        call_soon: Callable[..., Any],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         from omni_core.runtime.worker import StageWorker
 
         self.index = index
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.worker = StageWorker(pipeline, stage, index, connectors, lambda msg: call_soon(on_message, msg))
+        self.worker = StageWorker(pipeline, stage, index, connectors, lambda msg: loop.call_soon_threadsafe(on_message, msg))
         self._on_message = on_message
-        self._call_soon = call_soon
+        self._loop = loop
         self.thread = threading.Thread(target=self._run, name=f"omni-{stage.name}-{index}", daemon=True)
 
     def start(self) -> None:
@@ -79,7 +83,7 @@ class InlineReplica:
             self.worker.run(self.inbox)
         except BaseException:
             logger.exception("inline worker %s died", self.thread.name)
-            self._call_soon(self._on_message, None)
+            self._loop.call_soon_threadsafe(self._on_message, None)
 
     def send(self, message: Any) -> None:
         self.inbox.put(message)
@@ -87,23 +91,13 @@ class InlineReplica:
     def alive(self) -> bool:
         return self.thread.is_alive()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    async def stop(self, timeout: float = 30.0) -> None:
         if self.thread.is_alive():
             self.inbox.put(m.Shutdown())
-            self.thread.join(timeout)
+            await asyncio.to_thread(self.thread.join, timeout)
 
 
-def _pump(conn: Any, inbox: queue.SimpleQueue) -> None:
-    """Drain the engine's pipe continuously (so the engine never blocks on a full pipe)."""
-    while True:
-        try:
-            inbox.put(conn.recv())
-        except (EOFError, OSError):  # the engine is gone
-            inbox.put(m.Shutdown())
-            return
-
-
-def _worker_main(pipeline_data: dict, stage_name: str, index: int, inbox_conn: Any, conn: Any, log_level: int) -> None:
+def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Connection, outgoing: Connection, log_level: int) -> None:
     """Entry point of a stage worker process (spawned)."""
     # Ctrl-C reaches the whole process group; the engine stops its workers itself (a Shutdown
     # message, or EOF on the pipe if it dies), so a worker must not die mid-step on SIGINT.
@@ -118,18 +112,22 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, inbox_conn: A
         local = iter(range(len(stage.devices)))
         stage = attrs.evolve(stage, devices=tuple(f"cuda:{next(local)}" if d.startswith("cuda:") else d for d in stage.devices))
     connectors = build_connectors(stage_connector_keys(pipeline, stage))
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_pump, args=(inbox_conn, inbox), daemon=True).start()
-    worker = StageWorker(pipeline, stage, index, connectors, conn.send)
+    channel = WorkerChannel(incoming, outgoing)
+    worker = StageWorker(pipeline, stage, index, connectors, channel.send)
     try:
-        worker.run(inbox)
+        worker.run(channel)
     finally:
         for connector in set(connectors.values()):
             connector.close()
+        channel.close()
 
 
 class ProcessReplica:
-    """A replica in its own spawned process; a reader thread forwards its messages."""
+    """A replica in its own spawned process, talking to the engine's event loop over a channel.
+
+    The process's exit (its sentinel becoming readable) is what reports a crash: whatever the
+    worker wrote before it died is delivered first.
+    """
 
     placement = "process"
 
@@ -139,27 +137,26 @@ class ProcessReplica:
         stage: ResolvedStage,
         index: int,
         on_message: OnMessage,
-        call_soon: Callable[..., Any],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
         self.index = index
         self._on_message = on_message
-        self._call_soon = call_soon
+        self._loop = loop
         self._ctx = mp.get_context("spawn")
         self.process: Any = None
-        self._to_worker: Any = None
-        self._send_lock = threading.Lock()
+        self._channel: EngineChannel | None = None
+        self._exited: asyncio.Future[None] = loop.create_future()
         self._stopping = False
 
     def start(self) -> None:
-        self._stopping = False
-        worker_inbox, self._to_worker = self._ctx.Pipe(duplex=False)
-        reader, writer = self._ctx.Pipe(duplex=False)
+        worker_in, engine_out = self._ctx.Pipe(duplex=False)
+        engine_in, worker_out = self._ctx.Pipe(duplex=False)
         env_devices = ",".join(d.split(":", 1)[1] for d in self.stage.devices if d.startswith("cuda:"))
-        self.process = self._ctx.Process(
+        process = self._ctx.Process(
             target=_worker_main,
-            args=(self.pipeline.to_dict(), self.stage.name, self.index, worker_inbox, writer, logging.getLogger().level or logging.WARNING),
+            args=(self.pipeline.to_dict(), self.stage.name, self.index, worker_in, worker_out, logging.getLogger().level or logging.WARNING),
             name=f"omni-{self.stage.name}-{self.index}",
             daemon=True,
         )
@@ -167,50 +164,51 @@ class ProcessReplica:
         if env_devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = env_devices  # inherited by the spawned child only
         try:
-            self.process.start()
+            process.start()
         finally:
             if env_devices:
                 if previous is None:
                     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
                 else:
                     os.environ["CUDA_VISIBLE_DEVICES"] = previous
-        writer.close()  # so that the reader sees EOF when the child dies
-        worker_inbox.close()
-        threading.Thread(target=self._read, args=(reader, self.process), name=f"omni-read-{self.stage.name}-{self.index}", daemon=True).start()
+            worker_in.close()  # the child has its own copies now
+            worker_out.close()
+        self.process = process
+        self._channel = EngineChannel(self._loop, engine_in, engine_out, self._on_message)
+        self._loop.add_reader(process.sentinel, self._on_exit)
 
-    def _read(self, reader: Any, process: Any) -> None:
-        while True:
-            try:
-                message = reader.recv()
-            except (EOFError, OSError):
-                break
-            self._call_soon(self._on_message, message)
-        process.join(5)
+    def _on_exit(self) -> None:
+        self._loop.remove_reader(self.process.sentinel)
+        assert self._channel is not None
+        self._channel.drain()
+        self._channel.close()
+        self.process.join()  # already exited: this only reaps it
+        self._exited.set_result(None)
         if not self._stopping:
-            logger.error("stage %s replica %d: worker process exited (code %s)", self.stage.name, self.index, process.exitcode)
-            self._call_soon(self._on_message, None)
+            logger.error("stage %s replica %d: worker process exited (code %s)", self.stage.name, self.index, self.process.exitcode)
+            self._on_message(None)
 
     def send(self, message: Any) -> None:
-        with self._send_lock:
-            try:
-                self._to_worker.send(message)
-            except (BrokenPipeError, OSError):
-                pass  # the worker died; the reader thread reports it
+        """Queue `message` for the worker (dropped if it has died: its exit is reported)."""
+        assert self._channel is not None
+        self._channel.send(message)
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+        return self.process is not None and not self._exited.done()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Ask the worker to shut down; terminate it, then kill it, if it does not in time."""
         self._stopping = True
         if self.process is None:
             return
-        if self.process.is_alive():
+        if not self._exited.done():
             self.send(m.Shutdown())
-            self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self._to_worker.close()
+        for ending, wait in ((None, timeout), (self.process.terminate, 5.0), (self.process.kill, None)):
+            if self._exited.done():
+                break
+            if ending is not None:
+                ending()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._exited), wait)
+            except asyncio.TimeoutError:
+                pass

@@ -51,9 +51,9 @@ class StageGroup:
     def _make_replica(self, index: int) -> Any:
         on_message = lambda message, i=index: self._on_message(i, message)  # noqa: E731
         if self.stage.placement == "inline":
-            return InlineReplica(self.pipeline, self.stage, index, self._inline_connectors, on_message, self._loop.call_soon_threadsafe)
+            return InlineReplica(self.pipeline, self.stage, index, self._inline_connectors, on_message, self._loop)
         if self.stage.placement == "process":
-            return ProcessReplica(self.pipeline, self.stage, index, on_message, self._loop.call_soon_threadsafe)
+            return ProcessReplica(self.pipeline, self.stage, index, on_message, self._loop)
         raise ConfigError(f"placement {self.stage.placement!r} is not available in this build", key=f"stages.{self.name}.placement")
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -65,9 +65,8 @@ class StageGroup:
     async def wait_ready(self) -> None:
         await asyncio.gather(*self.ready)
 
-    def stop(self) -> None:
-        for replica in self.replicas:
-            replica.stop()
+    async def stop(self) -> None:
+        await asyncio.gather(*(replica.stop() for replica in self.replicas))
         for future in self.ready:
             if not future.done():
                 future.set_exception(StageError(self.name, "stopped before it was ready"))

@@ -29,6 +29,12 @@ REQUEST_SOURCE = "request"
 
 
 class Inbox(Protocol):
+    """Where a worker's messages come from: a `queue.SimpleQueue` (inline) or a `WorkerChannel`.
+
+    `get(block=False)` raises `queue.Empty` when no message is there; `EOFError` or `OSError`
+    means the engine is gone.
+    """
+
     def get(self, block: bool = True) -> Any: ...
 
 

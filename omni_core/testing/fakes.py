@@ -30,8 +30,8 @@ class PassThroughRuntime(StageRuntime):
 
     Request params: ``repeat`` (emit each input that many times), ``fail`` (``"invalid"``: reject at
     add; ``"request"``: an error chunk; ``"stage"``: `step` raises; ``"crash"``: the process exits),
-    ``hold`` (never finish: for cancellation tests). Adds ``"<stage>": chunk count`` and
-    ``"<stage>_replica": replica index`` to the data.
+    ``hold`` (never finish: for cancellation tests), ``echo`` (copied into the data). Adds
+    ``"<stage>": chunk count`` and ``"<stage>_replica": replica index`` to the data.
     """
 
     Options = PassThroughOptions
@@ -86,6 +86,8 @@ class PassThroughRuntime(StageRuntime):
             for i in range(repeat):
                 final = stage_input.final and i == repeat - 1
                 data = dict(stage_input.data) | {self.stage.name: self.emitted[request_id], f"{self.stage.name}_replica": self.replica}
+                if "echo" in params:
+                    data[f"{self.stage.name}_echo"] = params["echo"]
                 chunks.append(Chunk(request_id, self.stage.name, self.emitted[request_id], data, final))
                 self.emitted[request_id] += 1
             if stage_input.final:
