@@ -5,6 +5,7 @@ test_toy_pipeline.py.)"""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import attrs
@@ -156,6 +157,20 @@ async def test_a_killed_worker_is_reported_and_messages_sent_to_it_are_dropped()
         assert group.restarts == [1]
         deltas = await asyncio.wait_for(collect(engine, OmniRequest(prompt="after")), 60)
         assert deltas[-1].data["prompt"] == "after"
+
+
+async def test_cpu_threads_set_each_worker_process():
+    pipeline = passthrough_pipeline(stages=2, placement="process")
+    stages = (attrs.evolve(pipeline.stages[0], cpu_threads=1), pipeline.stages[1])
+    async with AsyncOmniEngine(attrs.evolve(pipeline, stages=stages)) as engine:
+        health = {h["stage"]: h for h in await engine.health()}
+    assert health["s0"]["cpu_threads"] == 1
+    assert health["s1"]["cpu_threads"] == _env_threads()  # unset: whatever the engine's environment had
+
+
+def _env_threads() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() else None
 
 
 async def test_shutdown_stops_worker_processes_cleanly():

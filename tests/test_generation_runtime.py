@@ -175,6 +175,35 @@ def test_one_forward_per_step_for_the_whole_batch(checkpoint: Path) -> None:
     assert served[0] == ["a", "b"] and served[1][0] == "c"
 
 
+def test_first_chunk_catch_up_and_frame_budget_keep_the_audio_exact(checkpoint: Path) -> None:
+    """A small first chunk, catch-up chunks and a per-step frame budget change only the chunking."""
+    runtime = make_runtime(checkpoint, chunk_size=4, first_chunk_size=2, max_chunk_size=10, max_batch_frames=30)
+    model = vocoder(runtime)
+    spf = model.config.samples_per_frame
+    codes = random_codes({"a": 26, "b": 26, "c": 26}, seed=7)
+
+    # "a" streams in 1 frame at a time: a 2-frame first chunk, then chunks of 4.
+    first = run_to_end(runtime, [("a", StageInput(data={"codes": codes["a"][i : i + 1]}, final=i == 25)) for i in range(26)])
+    sizes = [len(c.data["audio"]) // spf for c in first["a"]]
+    assert sizes[0] == 2 and set(sizes[1:-1]) == {4}
+    np.testing.assert_allclose(joined(first["a"]), full_decode(runtime, codes["a"]), atol=1e-5, rtol=0)
+
+    # All frames already there (the stage is behind): chunks of up to 10 frames catch up, and the
+    # 30-frame budget (left context included) splits what would be one batch of three.
+    model.batch_sizes.clear()
+    for request_id in ("b", "c"):
+        runtime.add_request(request_id, StageInput(data={"codes": codes[request_id]}, final=True))
+    chunks: dict[str, list[Chunk]] = {}
+    while runtime.has_unfinished():
+        for chunk in runtime.step():
+            chunks.setdefault(chunk.request_id, []).append(chunk)
+    for request_id in ("b", "c"):
+        assert_well_formed(chunks[request_id])
+        assert [len(c.data["audio"]) // spf for c in chunks[request_id]] == [10, 10, 6]
+        np.testing.assert_allclose(joined(chunks[request_id]), full_decode(runtime, codes[request_id]), atol=1e-5, rtol=0)
+    assert max(model.batch_sizes) == 2 and 1 in model.batch_sizes  # the budget held one back at least once
+
+
 def test_waiting_requests_are_idle(checkpoint: Path) -> None:
     runtime = make_runtime(checkpoint, chunk_size=4)
     codes = random_codes({"a": 6})["a"]

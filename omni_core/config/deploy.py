@@ -17,12 +17,19 @@ LoadBalancer = Literal["least_loaded", "round_robin"]
 
 @attrs.frozen
 class StageDeploy:
-    """Deployment of one stage: where it runs, how many replicas, and its runtime options."""
+    """Deployment of one stage: where it runs, how many replicas, and its runtime options.
+
+    `cpu_threads`: intra-op CPU threads of each replica's process (OpenMP; vLLM's CPU backend
+    then leaves its threads unbound). ``None`` keeps the libraries' default of one thread per core,
+    which oversubscribes the cores when several stage processes share them. It applies to
+    ``process`` placement; ``inline`` stages share the engine process's threads.
+    """
 
     placement: Placement = "process"
     replicas: int = 1
     devices: tuple[str, ...] = ()
     load_balancer: LoadBalancer = "least_loaded"
+    cpu_threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     options: dict[str, Any] = attrs.field(factory=dict)
 
 

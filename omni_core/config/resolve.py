@@ -118,6 +118,7 @@ def resolve_pipeline(
                 replicas=stage_deploy.replicas,
                 devices=stage_deploy.devices,
                 load_balancer=stage_deploy.load_balancer,
+                cpu_threads=stage_deploy.cpu_threads,
                 options=options,
             )
         )

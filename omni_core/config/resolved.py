@@ -44,6 +44,7 @@ class ResolvedStage:
     replicas: int = 1
     devices: tuple[str, ...] = ()
     load_balancer: str = "least_loaded"
+    cpu_threads: int | None = None
     options: dict[str, Any] = attrs.field(factory=dict)
 
     @property

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -102,11 +103,18 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
     # Ctrl-C reaches the whole process group; the engine stops its workers itself (a Shutdown
     # message, or EOF on the pipe if it dies), so a worker must not die mid-step on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pipeline = ResolvedPipeline.from_dict(pipeline_data)
+    stage = pipeline.stage(stage_name)
+    if stage.cpu_threads is not None:
+        # Before torch (and its OpenMP runtime) is imported. vLLM's CPU backend would otherwise
+        # bind one thread per core of the node in every engine process.
+        os.environ["OMP_NUM_THREADS"] = str(stage.cpu_threads)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        if "torch" in sys.modules:  # the parent's main module imported it on the way here
+            sys.modules["torch"].set_num_threads(stage.cpu_threads)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
     from omni_core.runtime.worker import StageWorker
 
-    pipeline = ResolvedPipeline.from_dict(pipeline_data)
-    stage = pipeline.stage(stage_name)
     if any(d.startswith("cuda:") for d in stage.devices):
         # This process sees only its stage's GPUs (CUDA_VISIBLE_DEVICES, set at spawn), from 0.
         local = iter(range(len(stage.devices)))

@@ -51,6 +51,11 @@ class _RequestState:
     out_index: int = 0
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
 class StageWorker:
     """Runs one replica of one stage.
 
@@ -137,7 +142,8 @@ class StageWorker:
                 self._forget(message.request_id)
         elif isinstance(message, m.Ping):
             active = len(self.requests)
-            self.send(m.Pong(message.token, active, {"pid": os.getpid()}))
+            # cpu_threads: the OpenMP thread count the process was started with (None: the default).
+            self.send(m.Pong(message.token, active, {"pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS")}))
 
     def _submit(self, message: m.Submit) -> None:
         connector = self.connectors[REQUEST_SOURCE if message.source == REQUEST_SOURCE else f"{message.source}->{self.stage.name}"]

@@ -41,9 +41,20 @@ class GenerationOptions:
       available, else CPU.
     - `chunk_size` / `left_context`: override the model part's values (e.g. smaller chunks for a
       lower time to first audio); ``None`` keeps them.
+    - `first_chunk_size`: frames of a request's first chunk when streaming (``None``: `chunk_size`);
+      a small first chunk starts the audio early, later chunks keep the decode efficient.
+    - `max_chunk_size`: a request that has more new frames than its chunk (the stage fell behind)
+      decodes up to this many at once: fewer, larger chunks, so less left context is re-decoded
+      and a busy stage catches up (``None``: never more than `chunk_size`).
+    - `max_batch_frames`: most frames (left context included) decoded in one step; requests past it
+      wait for the next step (one always runs). Convolutional decoders on CPU slow down per frame
+      once a batch outgrows the caches; ``None``: no limit.
     """
 
     max_batch_size: int = attrs.field(default=16, validator=_positive_or_none)
+    max_batch_frames: int | None = attrs.field(default=None, validator=_positive_or_none)
+    first_chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
+    max_chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
     dtype: Dtype = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16")))
     device: str | None = None
     chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
@@ -177,7 +188,12 @@ class GenerationStageRuntime(StageRuntime):
         # A request waiting for more input is idle: reporting it as work would make the worker spin.
         if not self.streaming:
             return request.input_final
-        return request.input_final or request.received - request.emitted >= self.chunk_size
+        return request.input_final or request.received - request.emitted >= self._chunk_size(request)
+
+    def _chunk_size(self, request: _Request) -> int:
+        if request.emitted == 0 and self.options.first_chunk_size is not None:
+            return self.options.first_chunk_size
+        return self.chunk_size
 
     def has_unfinished(self) -> bool:
         return any(self._ready(request) for request in self._requests.values())
@@ -186,12 +202,17 @@ class GenerationStageRuntime(StageRuntime):
         model = self._loaded()
         chosen = [rid for rid, request in self._requests.items() if self._ready(request)]
         chosen = chosen[: self.options.max_batch_size]
+        budget = self.options.max_batch_frames
         chunks: list[Chunk] = []
         items: list[DecodeItem] = []
+        frames = 0
         for request_id in chosen:
-            request = self._requests.pop(request_id)
-            self._requests[request_id] = request  # to the back of the service order
+            request = self._requests[request_id]
             item = self._next_item(request_id, request)
+            if item is not None and items and budget is not None and frames + item.frames.shape[0] > budget:
+                break  # it keeps its place in the service order for the next step
+            del self._requests[request_id]
+            self._requests[request_id] = request  # to the back of the service order
             if item is None:  # final input with nothing left to decode: close the stream
                 chunks.append(self._emit(request_id, request, self._empty_output(), 0, final=True))
                 continue
@@ -201,6 +222,7 @@ class GenerationStageRuntime(StageRuntime):
                 chunks.append(self._fail(request_id, request, str(exc)))
                 continue
             items.append(item)
+            frames += item.frames.shape[0]
         if items:
             outputs = model.decode(DecodeBatch(items))
             if len(outputs) != len(items):
@@ -262,7 +284,9 @@ class GenerationStageRuntime(StageRuntime):
         new = request.received - request.emitted
         if new == 0:
             return None
-        count = min(new, self.chunk_size) if self.streaming else new
+        count = new
+        if self.streaming:
+            count = min(new, max(self._chunk_size(request), self.options.max_chunk_size or 0))
         size = self._loaded().segment_size
         if size:  # a chunk never crosses a segment boundary
             count = min(count, self._segment_start(request.emitted) + size - request.emitted)

@@ -5,8 +5,8 @@ natively): `talker.model.codec_embedding` is its `embed_tokens`, `talker.codec_h
 vLLM samples codebook 0; this class adds what a codec frame needs on top, inside `forward`:
 
 - For every generated codebook-0 token fed back (a decode row), the code predictor turns the
-  previous step's final hidden state and that token's embedding into codebooks 1..N-1, in one
-  fixed-shape batched loop over all such rows of the batch.
+  previous step's final hidden state and that token's embedding into codebooks 1..N-1, decoded
+  with a key/value cache for all such rows of the batch at once.
 - The row's input embedding becomes the sum of the frame's codec embeddings plus the request's
   trailing text embedding for that step (`tts_pad` once the text ran out), as transformers'
   ``Qwen3OmniMoeTalkerForConditionalGeneration.prepare_inputs_for_generation`` builds it.
@@ -67,6 +67,7 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             predictor_config, dtype=vllm_config.model_config.dtype
         )
         self.code_predictor.eval()
+        self._predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin of positions 0..N-1
 
     # --- vLLM hooks ---------------------------------------------------------------------------
 
@@ -198,24 +199,39 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
 
     @torch.inference_mode()
     def _predict_residuals(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-        """Codebooks 1..N-1 for each row: one fixed-shape [rows, N, H] buffer, N-1 forwards.
+        """Codebooks 1..N-1 for each row, decoded with a key/value cache as the reference's
+        ``code_predictor.generate`` does: a 2-token prefill, then one token per codebook.
 
-        The causal mask makes the not yet filled positions irrelevant, so every step runs the same
-        shapes (what a captured graph wants) instead of a growing cache.
+        The transformers layers' own submodules do the math; the loop around them (a preallocated
+        cache of N positions, rotary tables computed once) avoids the model-level mask and cache
+        machinery, which costs more than the tiny predictor's arithmetic per call.
         """
         predictor = self.code_predictor
+        model = predictor.model
         groups = self.num_code_groups
-        buffer = code0_embeds.new_zeros((past_hidden.shape[0], groups, past_hidden.shape[-1]))
-        buffer[:, 0] = past_hidden
-        buffer[:, 1] = code0_embeds
+        rows = past_hidden.shape[0]
+        if self._predictor_rope is None or self._predictor_rope[0].device != past_hidden.device:
+            positions = torch.arange(groups, device=past_hidden.device)[None]
+            self._predictor_rope = model.rotary_emb(past_hidden, positions)  # cos, sin [1, N, head_dim]
+        cos, sin = self._predictor_rope
+        first = model.layers[0].self_attn
+        cache = [
+            past_hidden.new_zeros((2, rows, model.config.num_key_value_heads, groups, first.head_dim))
+            for _ in model.layers
+        ]
+        hidden = torch.stack([past_hidden, code0_embeds], dim=1)
+        start = 0
         codes = []
         for step in range(groups - 1):
-            hidden = predictor.model(inputs_embeds=buffer, use_cache=False).last_hidden_state
-            logits = predictor.lm_head[step](hidden[:, step + 1])
+            length = hidden.shape[1]
+            for layer, kv in zip(model.layers, cache):
+                hidden = _predictor_layer(layer, hidden, cos[:, start : start + length], sin[:, start : start + length], kv, start)
+            start += length
+            logits = predictor.lm_head[step](model.norm(hidden[:, -1]))
             code = torch.where(greedy.to(logits.device), logits.argmax(-1), _sample_top_k_top_p(logits))
             codes.append(code)
             if step + 2 < groups:
-                buffer[:, step + 2] = predictor.model.codec_embedding[step](code)
+                hidden = model.codec_embedding[step](code)[:, None]
         return torch.stack(codes, dim=1)
 
     def _frame_embeds(self, frames: torch.Tensor) -> torch.Tensor:
@@ -225,6 +241,29 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             total = total + self.code_predictor.model.codec_embedding[group - 1](frames[:, group])
         return total
 
+
+
+def _predictor_layer(layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, start: int) -> torch.Tensor:
+    """One code-predictor decoder layer over new positions [start, start+T), caching their keys and values."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
+
+    attn = layer.self_attn
+    rows, length, _ = hidden.shape
+    normed = layer.input_layernorm(hidden)
+    shape = (rows, length, -1, attn.head_dim)
+    q = attn.q_norm(attn.q_proj(normed).view(shape)).transpose(1, 2)
+    k = attn.k_norm(attn.k_proj(normed).view(shape)).transpose(1, 2)
+    v = attn.v_proj(normed).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    end = start + length
+    kv[0][:, :, start:end] = k
+    kv[1][:, :, start:end] = v
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, kv[0][:, :, :end], kv[1][:, :, :end], is_causal=length > 1, scale=attn.scaling,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 def _prompt_len(state: Any, side: dict[str, Any]) -> int:
