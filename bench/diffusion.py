@@ -277,7 +277,7 @@ class DiffusersSystem:
 class OmniSystem:
     """Omni: the Cosmos3 family's pipeline (one diffusion stage, inline), resolved without entry points."""
 
-    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, compile: bool = False) -> None:
+    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, compile: bool = False, cuda_graphs: bool = False) -> None:
         import omni_cosmos3.plugin
         from omni_core import Omni
         from omni_core.config import resolve
@@ -286,7 +286,8 @@ class OmniSystem:
         # Explicit plugins: the GPU machine runs from a source tree with no installed entry points.
         host = load_plugins(entry_points=(), extra_plugins=[omni_cosmos3.plugin])
         overrides = ["generator.placement=inline", f"generator.max_num_seqs={max_num_seqs}", "streaming=false",
-                     f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compile).lower()}"]
+                     f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compile).lower()}",
+                     f"generator.cuda_graphs={str(cuda_graphs).lower()}"]
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
 
     @staticmethod
@@ -404,7 +405,8 @@ class Report:
             "",
             f"{m.get('device_name', a['device'])}, {a['dtype']}, {a['size']}x{a['size']} text-to-image, {a['steps']} steps, "
             f"CFG {a['guidance']}, concurrency 1 and {a['concurrency']}. torch {m.get('torch')}, diffusers {m.get('diffusers')}. "
-            f"Omni's stage {'compiled (generator.compile=true)' if a.get('compile') else 'eager'}.",
+            f"Omni's stage {'compiled (generator.compile=true)' if a.get('compile') else 'eager'}"
+            f"{', CUDA graphs (generator.cuda_graphs=true)' if a.get('cuda_graphs') else ''}.",
             f"Matmul ceiling ({a['ceiling_n']}^3, {a['dtype']}): {m.get('ceiling_flops', 0) / 1e12:.1f} TFLOP/s. "
             f"Pipeline FLOPs per request: {m.get('pipeline_flops_per_request', 0) / 1e12:.3f} T; executed by Omni "
             f"(cache off): {m.get('executed_flops_per_request', 0) / 1e12:.3f} T; image tokens {m.get('image_tokens')}, "
@@ -550,7 +552,7 @@ def run_part(args: argparse.Namespace) -> Report:
         report.meta["cuda_allocated_before_omni_mib"] = torch.cuda.memory_allocated(args.device) / 2**20
 
     began = time.perf_counter()
-    omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, compile=args.compile)
+    omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, compile=args.compile, cuda_graphs=args.cuda_graphs)
     report.meta["omni_load_s"] = time.perf_counter() - began
     try:
         # Warm-up: every batch shape measured below (one request, N, N with some rows cached), so
@@ -584,6 +586,7 @@ def main() -> None:
                         help="comma-separated first-block cache thresholds (default: the preset's)")
     parser.add_argument("--ceiling-n", type=int, default=None, help="matmul size of the ceiling (default 8192 on CUDA, 1024 on CPU)")
     parser.add_argument("--compile", action="store_true", help="Omni's stage with generator.compile=true (torch.compile)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="Omni's stage with generator.cuda_graphs=true")
     parser.add_argument("--no-flop-check", dest="flop_check", action="store_false", help="skip the FlopCounterMode check")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no configuration after this many seconds")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out", help="results folder (default $OUT)")

@@ -4,7 +4,8 @@
     python -m bench.diffusion_profile --device cuda --dtype bfloat16 --preset 1.2b     # GPU
 
 Loads the ``generator`` stage of a random Cosmos3 checkpoint (the one `bench/diffusion.py` writes)
-once per variant (``eager``, ``compiled``: the deploy option ``generator.compile``) and runs one
+once per variant (``eager``; ``compiled``: the deploy option ``generator.compile``; ``graphs``:
+compiled plus ``generator.cuda_graphs``) and runs one
 batch of ``--concurrency`` text-to-image requests twice, the second timed:
 
 1. through the model part, phase by phase (device synchronised between phases): ``prepare``
@@ -30,7 +31,7 @@ import numpy as np
 from bench.diffusion import PRESETS, PROMPTS, FlopModel, matmul_ceiling, prompt_lengths, psnr, synchronize
 
 
-def load_runtime(model: str, device: str, dtype: str, concurrency: int, compiled: bool) -> Any:
+def load_runtime(model: str, device: str, dtype: str, concurrency: int, compiled: bool, graphs: bool = False) -> Any:
     import omni_cosmos3.plugin
     from omni_core.config import resolve
     from omni_core.plugins import load_plugins
@@ -38,7 +39,8 @@ def load_runtime(model: str, device: str, dtype: str, concurrency: int, compiled
 
     host = load_plugins(entry_points=(), extra_plugins=[omni_cosmos3.plugin])
     overrides = [f"generator.max_num_seqs={concurrency}", "generator.admission_window_ms=0", "streaming=false",
-                 f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compiled).lower()}"]
+                 f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compiled).lower()}",
+                 f"generator.cuda_graphs={str(graphs).lower()}"]
     pipeline = resolve(model, overrides=overrides, plugins=host)
     runtime = DiffusionStageRuntime(pipeline, pipeline.stage("generator"))
     runtime.load()
@@ -122,7 +124,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=4.0)
-    parser.add_argument("--variants", default="eager,compiled", help="comma-separated: eager, compiled")
+    parser.add_argument("--variants", default="eager,compiled,graphs", help="comma-separated: eager, compiled, graphs")
     parser.add_argument("--kernels", action="store_true", help="also list the top kernels of two steps per variant")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out")
     parser.add_argument("--scratch", default="/tmp/omni-bench-ckpt")
@@ -144,7 +146,7 @@ def main() -> None:
     kernel_tables = []
     for variant in args.variants.split(","):
         began = time.perf_counter()
-        runtime = load_runtime(model, args.device, args.dtype, n, compiled=variant != "eager")
+        runtime = load_runtime(model, args.device, args.dtype, n, compiled=variant != "eager", graphs=variant == "graphs")
         load_s = time.perf_counter() - began
         pipe = runtime.model.pipe
         flops = FlopModel.from_pipe(pipe, size, size)

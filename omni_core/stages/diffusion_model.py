@@ -58,6 +58,8 @@ class LoadSpec:
     - `vae_tiling`: decode in spatial tiles (bounded memory for large outputs); `vae_tile` is the
       tile size in pixels (``None``: the VAE's default).
     - `compile`: compile the denoiser's layers with `torch.compile` (slower first step per shape).
+    - `cuda_graphs`: replay the denoiser's forward as a CUDA graph while the batch stays the same
+      (`omni_core.stages.cuda_graphs`); ignored off CUDA.
     """
 
     device: str
@@ -66,6 +68,7 @@ class LoadSpec:
     vae_tiling: bool = False
     vae_tile: int | None = None
     compile: bool = False
+    cuda_graphs: bool = False
 
 
 class DiffusionModel(abc.ABC):

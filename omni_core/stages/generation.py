@@ -201,6 +201,8 @@ class GenerationStageRuntime(StageRuntime):
     def step(self) -> list[Chunk]:
         model = self._loaded()
         chosen = [rid for rid, request in self._requests.items() if self._ready(request)]
+        # First chunks first (the time to first audio), then in service order.
+        chosen.sort(key=lambda rid: self._requests[rid].emitted > 0)
         chosen = chosen[: self.options.max_batch_size]
         budget = self.options.max_batch_frames
         chunks: list[Chunk] = []

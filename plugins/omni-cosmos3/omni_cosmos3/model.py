@@ -36,6 +36,7 @@ import torch
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, MissingDependencyError
 from omni_core.stages import diffusion_cache
+from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
@@ -99,6 +100,7 @@ class Cosmos3Model(DiffusionModel):
         # sample joins or leaves, so it is rebuilt then, not every step (hundreds of small copies).
         self._contexts: OrderedDict[Any, tuple[list[_Row], Context]] = OrderedDict()
         self.kernels = EAGER
+        self.graphs: GraphCache | None = None  # CUDA graphs of the generator stack (LoadSpec.cuda_graphs)
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -132,6 +134,7 @@ class Cosmos3Model(DiffusionModel):
                 )
         self.pipe = pipe
         self.kernels = LayerKernels.compiled() if spec.compile else EAGER
+        self.graphs = GraphCache() if spec.cuda_graphs and self.device.type == "cuda" else None
         config = pipe.transformer.config
         self.patch = int(config.latent_patch_size)
         self.sf_spatial = int(pipe.vae_scale_factor_spatial)
@@ -142,6 +145,8 @@ class Cosmos3Model(DiffusionModel):
     def close(self) -> None:
         self.pipe = None
         self._contexts.clear()
+        if self.graphs is not None:
+            self.graphs.clear()
 
     @property
     def transformer(self) -> Any:
@@ -451,8 +456,15 @@ class Cosmos3Model(DiffusionModel):
         if any(state is not None for state, _ in cache_rows):
             gen = self._cached_stack(gen, context, cache_rows, samples, row_sample)
         else:
-            for index, layer in enumerate(transformer.layers):
-                gen = generator_layer(layer, gen, context, index, self.kernels)
+            def stack(x: torch.Tensor) -> torch.Tensor:
+                for index, layer in enumerate(transformer.layers):
+                    x = generator_layer(layer, x, context, index, self.kernels)
+                return x
+
+            if self.graphs is not None:  # the context's tensors stay put while it is the group's
+                gen = self.graphs.run((samples[0].batch_key, id(context)), stack, gen, keepalive=context)
+            else:
+                gen = stack(gen)
         gen = transformer.norm_moe_gen(gen)
 
         preds_vision = unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
@@ -519,14 +531,13 @@ class Cosmos3Model(DiffusionModel):
             for layer_index, layer in enumerate(layers[1:], start=1):
                 rest = generator_layer(layer, rest, sub, layer_index, self.kernels)
             out[index] = rest
+        reused = [i for i, c in enumerate(compute) if not c]
+        if reused:  # one batched add for every row that reuses its residual
+            residuals = torch.stack([cache_rows[i][0].residual[cache_rows[i][1]] for i in reused])
+            out[reused] = gen[reused] + residuals
         for i, (state, branch) in enumerate(cache_rows):
-            if state is None:
-                continue
-            if compute[i]:
-                diffusion_cache.record(state, branch, signal[i], out[i] - gen[i])
-            else:
-                out[i] = gen[i] + state.residual[branch]
-                diffusion_cache.record(state, branch, signal[i], None)
+            if state is not None:
+                diffusion_cache.record(state, branch, signal[i], out[i] - gen[i] if compute[i] else None)
         return out
 
     # -- decoding --------------------------------------------------------------------------------

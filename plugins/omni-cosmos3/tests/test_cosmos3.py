@@ -209,6 +209,16 @@ def test_compiled_stage_equals_eager(pipeline, batched):
         assert np.abs(pixels(outputs[rid]).astype(int) - pixels(eager[rid]).astype(int)).max() <= 1, rid
 
 
+def test_cuda_graphs_option_is_ignored_off_cuda(pipeline, batched):
+    """`cuda_graphs=true` is a CUDA feature: on CPU the stage runs eagerly and gives the same outputs."""
+    _, eager = batched
+    runtime = make_runtime(pipeline, max_num_seqs=8, admission_window_ms=0.0, cuda_graphs=True)
+    assert runtime.model.graphs is None
+    outputs = run(runtime, REQUESTS)
+    for rid in REQUESTS:
+        np.testing.assert_array_equal(pixels(outputs[rid]), pixels(eager[rid]))
+
+
 def test_vae_tiling_decodes_close_to_untiled(pipeline):
     item = request("a wide landscape", seed=2, size=(64, 48), steps=2)
     plain = run(make_runtime(pipeline, admission_window_ms=0.0), {"r": item})["r"]
