@@ -46,7 +46,7 @@ class GraphCache:
 
         The returned tensor is the graph's output buffer: read it before the next `run` of this key.
         """
-        if not x.is_cuda:
+        if not self._recordable(x):
             return fn(x)
         key = (key, tuple(x.shape), x.dtype)
         entry = self._graphs.get(key)
@@ -64,6 +64,9 @@ class GraphCache:
         entry.graph.replay()
         self.replayed += 1
         return entry.static_out
+
+    def _recordable(self, x: torch.Tensor) -> bool:
+        return x.is_cuda
 
     def _record(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, keepalive: Any) -> _Graph:
         import torch
