@@ -238,6 +238,8 @@ def test_override_forms(host, checkpoint):
             "thinker.options.layers=[1, 2]",
             "vocoder.chunk_size=50",
             "stages.vocoder.load_balancer=round_robin",
+            "defaults.cpu_threads=1",
+            "talker.nice=5",
             "edge.thinker->talker.connector=shm",
             "edges.talker->vocoder.timeout=2.5",
             "output_connector.connector=shm",
@@ -251,6 +253,8 @@ def test_override_forms(host, checkpoint):
     assert resolved.stage("thinker").options["layers"] == [1, 2]
     assert resolved.stage("vocoder").options["chunk_size"] == 50
     assert resolved.stage("vocoder").load_balancer == "round_robin"
+    assert [s.cpu_threads for s in resolved.stages] == [1, 1, 1]
+    assert [s.nice for s in resolved.stages] == [0, 5, 0]
     talker_in, vocoder_in = resolved.stage("talker").inputs[0], resolved.stage("vocoder").inputs[0]
     assert talker_in.connector == "shm"
     # Not named: a stage outside the process gets shared memory by default.
@@ -309,6 +313,9 @@ def reject(host: StandInHost, checkpoint: Path, key: str, *overrides: str, deplo
         ("thinker.replicas=0", "stages.thinker.replicas", "at least 1"),
         ("thinker.replicas=1.5", "stages.thinker.replicas", "integer"),
         ("thinker.placement=cloud", "stages.thinker.placement", "inline, process"),
+        ("thinker.cpu_threads=0", "stages.thinker", ">= 1"),
+        ("thinker.cpu_threads=all", "stages.thinker.cpu_threads", "int"),
+        ("talker.nice=20", "stages.talker", "<= 19"),
         ("thinker.max_num_seqs=many", "stages.thinker.options.max_num_seqs", "integer"),
         ("thinker.dtype=fp16", "stages.thinker.options.dtype", "bfloat16"),
         ("thinker.devices=cpu", "stages.thinker.devices", "a list"),

@@ -159,13 +159,15 @@ async def test_a_killed_worker_is_reported_and_messages_sent_to_it_are_dropped()
         assert deltas[-1].data["prompt"] == "after"
 
 
-async def test_cpu_threads_set_each_worker_process():
+async def test_cpu_threads_and_nice_set_each_worker_process():
     pipeline = passthrough_pipeline(stages=2, placement="process")
-    stages = (attrs.evolve(pipeline.stages[0], cpu_threads=1), pipeline.stages[1])
+    stages = (attrs.evolve(pipeline.stages[0], cpu_threads=1, nice=5), pipeline.stages[1])
     async with AsyncOmniEngine(attrs.evolve(pipeline, stages=stages)) as engine:
         health = {h["stage"]: h for h in await engine.health()}
-    assert health["s0"]["cpu_threads"] == 1
-    assert health["s1"]["cpu_threads"] == _env_threads()  # unset: whatever the engine's environment had
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert health["s0"]["cpu_threads"] == 1 and health["s0"]["nice"] == min(base + 5, 19)
+    # unset: whatever the engine's environment and niceness were
+    assert health["s1"]["cpu_threads"] == _env_threads() and health["s1"]["nice"] == base
 
 
 def _env_threads() -> int | None:

@@ -21,8 +21,10 @@ class StageDeploy:
 
     `cpu_threads`: intra-op CPU threads of each replica's process (OpenMP; vLLM's CPU backend
     then leaves its threads unbound). ``None`` keeps the libraries' default of one thread per core,
-    which oversubscribes the cores when several stage processes share them. It applies to
-    ``process`` placement; ``inline`` stages share the engine process's threads.
+    which oversubscribes the cores when several stage processes share them. `nice`: how much the
+    replica's process yields the CPU to the others (Unix niceness added to the engine's, 0-19), e.g.
+    an upstream stage yielding to the stages nearer the output on a machine with few cores. Both
+    apply to ``process`` placement; ``inline`` stages share the engine process.
     """
 
     placement: Placement = "process"
@@ -30,6 +32,7 @@ class StageDeploy:
     devices: tuple[str, ...] = ()
     load_balancer: LoadBalancer = "least_loaded"
     cpu_threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    nice: int = attrs.field(default=0, validator=[attrs.validators.ge(0), attrs.validators.le(19)])
     options: dict[str, Any] = attrs.field(factory=dict)
 
 

@@ -119,6 +119,7 @@ def resolve_pipeline(
                 devices=stage_deploy.devices,
                 load_balancer=stage_deploy.load_balancer,
                 cpu_threads=stage_deploy.cpu_threads,
+                nice=stage_deploy.nice,
                 options=options,
             )
         )

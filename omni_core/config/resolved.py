@@ -45,6 +45,7 @@ class ResolvedStage:
     devices: tuple[str, ...] = ()
     load_balancer: str = "least_loaded"
     cpu_threads: int | None = None
+    nice: int = 0
     options: dict[str, Any] = attrs.field(factory=dict)
 
     @property

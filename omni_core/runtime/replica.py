@@ -112,6 +112,8 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         if "torch" in sys.modules:  # the parent's main module imported it on the way here
             sys.modules["torch"].set_num_threads(stage.cpu_threads)
+    if stage.nice:
+        os.nice(stage.nice)
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
     from omni_core.runtime.worker import StageWorker
 

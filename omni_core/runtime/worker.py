@@ -143,7 +143,8 @@ class StageWorker:
         elif isinstance(message, m.Ping):
             active = len(self.requests)
             # cpu_threads: the OpenMP thread count the process was started with (None: the default).
-            self.send(m.Pong(message.token, active, {"pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS")}))
+            stats = {"pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS"), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+            self.send(m.Pong(message.token, active, stats))
 
     def _submit(self, message: m.Submit) -> None:
         connector = self.connectors[REQUEST_SOURCE if message.source == REQUEST_SOURCE else f"{message.source}->{self.stage.name}"]
