@@ -84,6 +84,21 @@ class _State:
     sound_latents: torch.Tensor | None = None  # [Cs, Ts] float32
     sound_scheduler: Any = None
     actions: _Actions | None = None
+    group: _SchedulerGroup | None = None  # steps its latents with the others admitted with it
+
+
+@attrs.define(eq=False)
+class _SchedulerGroup:
+    """Samples admitted together with the same shape and step count: one scheduler steps their
+    vision latents as one batch (a scheduler call per sample is a hundred small kernels).
+
+    The scheduler's update is elementwise per sample (no thresholding), so each member gets what its
+    own scheduler would give. Members step in lockstep (the runtime denoises every running sample of
+    a shape each step); one that left (aborted) keeps a placeholder row until the group finishes.
+    """
+
+    scheduler: Any
+    members: list[_State]
 
 
 class Cosmos3Model(DiffusionModel):
@@ -123,6 +138,12 @@ class Cosmos3Model(DiffusionModel):
 
             # Only the towers' blocks: the modality projections and time embedding are small and precision-sensitive.
             quantize_linears(pipe.transformer, spec.quantization, skip=lambda name: not name.startswith("layers."))
+        if self.device.type == "cuda":
+            # cuDNN's tensor-core 3-D convolutions want channels-last activations: the VAE decode is
+            # a large share of a small model's request.
+            for module in pipe.vae.modules():
+                if isinstance(module, torch.nn.Conv3d):
+                    module.to(memory_format=torch.channels_last_3d)
         if spec.vae_tiling:
             tile = spec.vae_tile
             if tile is None:
@@ -361,6 +382,7 @@ class Cosmos3Model(DiffusionModel):
         for sample in samples:
             if sample.state.actions is not None:
                 self._start_actions(sample.state)
+        self._group_schedulers(samples)
         rows = [row for sample in samples for row in sample.state.rows]
         transformer = self.transformer
         lengths = [len(row.input_ids) for row in rows]
@@ -389,6 +411,20 @@ class Cosmos3Model(DiffusionModel):
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         for i, row in enumerate(rows):
             row.kv = [(k[i, : lengths[i]].clone(), v[i, : lengths[i]].clone()) for k, v in per_layer]
+
+    @staticmethod
+    def _group_schedulers(samples: list[DiffusionSample]) -> None:
+        """Group newly admitted samples that will step in lockstep with equal timesteps."""
+        if any(sample.state.scheduler.config.get("thresholding") for sample in samples):
+            return  # thresholding reduces over each sample: not batchable
+        by_schedule: dict[Any, list[_State]] = {}
+        for sample in samples:
+            by_schedule.setdefault((sample.batch_key, sample.total_steps), []).append(sample.state)
+        for members in by_schedule.values():
+            if len(members) > 1:
+                group = _SchedulerGroup(copy.deepcopy(members[0].scheduler), members)
+                for state in members:
+                    state.group = group
 
     def _start_actions(self, state: _State) -> None:
         """Encode the conditioning frames (once per request) and draw the initial vision and action noise."""
@@ -478,12 +514,19 @@ class Cosmos3Model(DiffusionModel):
             preds_action = transformer.action_proj_out(gen[:, num_vision + num_sound :], domains[row_sample])  # [B, Ta, D]
 
         first = 0
+        grouped: dict[int, tuple[_SchedulerGroup, Any, int, dict[int, torch.Tensor]]] = {}
         for sample, state, t in zip(samples, states, timesteps):
             count = len(state.rows)
             velocity = _guided(preds_vision[first : first + count].float(), state.request.guidance_scale)
-            state.latents = state.scheduler.step(
-                velocity.unsqueeze(0).unsqueeze(0), t, state.latents.unsqueeze(0), return_dict=False
-            )[0].squeeze(0)
+            if state.group is not None:
+                entry = grouped.setdefault(id(state.group), (state.group, t, sample.step, {}))
+                if entry[2] != sample.step:
+                    raise RuntimeError(f"scheduler group out of step: {entry[2]} and {sample.step}")
+                entry[3][id(state)] = velocity
+            else:
+                state.latents = state.scheduler.step(
+                    velocity.unsqueeze(0).unsqueeze(0), t, state.latents.unsqueeze(0), return_dict=False
+                )[0].squeeze(0)
             if preds_sound is not None:
                 velocity = _guided(preds_sound[first : first + count].float(), state.request.guidance_scale)
                 state.sound_latents = state.sound_scheduler.step(
@@ -499,6 +542,8 @@ class Cosmos3Model(DiffusionModel):
                 )[0].squeeze(0)
                 actions.latents[:, actions.raw_dim :] = 0
             first += count
+        for group, t, _, velocities in grouped.values():
+            _group_step(group, t, velocities)
 
     def _context(self, key: Any, rows: list[_Row], gen: torch.Tensor) -> "Context":
         """The group's attention context, reused while the group's rows stay the same."""
@@ -585,6 +630,18 @@ def _noisy_frames_rows(states: list[_State], row_sample: list[int]) -> torch.Ten
     """[B, 1, T, 1, 1]: 1 on the generated latent frames of each row's sample, 0 on conditioning frames."""
     frames = torch.stack([st.actions.noisy_frames for st in states])[row_sample]
     return frames[:, None, :, None, None]
+
+
+def _group_step(group: _SchedulerGroup, t: Any, velocities: dict[int, torch.Tensor]) -> None:
+    """One scheduler step for a group's present members; absent ones get a zero placeholder."""
+    members = group.members
+    present = next(iter(velocities.values()))
+    velocity = torch.stack([velocities.get(id(state), torch.zeros_like(present)) for state in members])  # [S, C, T, h, w]
+    latents = torch.cat([state.latents for state in members])  # [S, C, T, h, w]
+    out = group.scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False)[0].squeeze(0)
+    for index, state in enumerate(members):
+        if id(state) in velocities:
+            state.latents = out[index : index + 1]
 
 
 def _guided(preds: torch.Tensor, scale: float) -> torch.Tensor:

@@ -125,6 +125,28 @@ def test_batched_requests_equal_the_pipeline_run_alone(batched, reference):
     assert outputs["dog"]["fps"] == 24.0 and outputs["dog"]["video"].shape[0] == 5
 
 
+def test_samples_admitted_together_share_a_scheduler_and_stay_exact(pipeline, reference):
+    """Same shape and step count: one batched scheduler step; a member aborted midway leaves the others exact."""
+    items = {
+        "a": request("a red apple on a table", seed=7, size=(32, 32), steps=4),
+        "b": request("a blue car in the snow", seed=9, size=(32, 32), steps=4, guidance=2.0),
+        "c": request("a green field", seed=4, size=(32, 32), steps=4),
+    }
+    runtime = make_runtime(pipeline, max_num_seqs=8, admission_window_ms=0.0)
+    for rid, item in items.items():
+        runtime.add_request(rid, item)
+    runtime.step()
+    runtime.step()
+    groups = {id(sample.state.group) for sample in runtime._running if sample.state.group is not None}
+    assert len(groups) == 1 and len(runtime._running) == 3
+    runtime.abort_request("c")
+    outputs = run(runtime, {})
+    assert set(outputs) == {"a", "b"}
+    for rid in ("a", "b"):
+        expected = diffusers_output(reference, items[rid])["pixels"]
+        assert np.abs(pixels(outputs[rid]).astype(int) - expected.astype(int)).max() <= 1, rid
+
+
 def test_step_batching_gives_the_same_outputs_as_request_batching(pipeline, batched):
     _, together = batched
     runtime = make_runtime(pipeline, max_num_seqs=8, admission_window_ms=0.0)
