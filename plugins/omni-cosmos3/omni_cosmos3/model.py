@@ -39,66 +39,8 @@ from omni_core.stages import diffusion_cache
 from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, generator_layer, patchify, rope, unpatchify
+from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
 from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
-
-
-@attrs.define
-class _Row:
-    """One guidance branch of a sample: its prompt ids, positions and the reasoner's keys/values."""
-
-    input_ids: list[int]
-    text_positions: torch.Tensor  # [3, N]
-    gen_positions: torch.Tensor  # [3, M]
-    kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer: keys for gen [N, kvh, hd], values
-
-
-@attrs.define(eq=False)
-class _Conditioning:
-    """A request's conditioning frames: padded pixels until `start` encodes them, then clean latents."""
-
-    pixels: torch.Tensor | None  # [1, 3, T, H, W] in [-1, 1], the tier's canvas
-    image_size: torch.Tensor  # [canvas_h, canvas_w, content_h, content_w]
-    latents: torch.Tensor | None = None  # [1, C, T, h, w]: the content part of the encoded canvas
-
-
-@attrs.define
-class _Actions:
-    """Action state of a sample: the action stream is denoised beside the vision latents."""
-
-    domain_id: int
-    raw_dim: int  # the embodiment's action width; the channels beyond it stay zero
-    length: int  # action tokens (chunk_size)
-    noisy_frames: torch.Tensor  # [T] 1.0 where a vision latent frame is generated, 0.0 where it is conditioning
-    conditioning: _Conditioning
-    generator: torch.Generator  # draws the noise in `start`, after the encode, in the pipeline's order
-    latents: torch.Tensor | None = None  # [length, action_dim] float32
-    scheduler: Any = None
-
-
-@attrs.define
-class _State:
-    request: Request
-    rows: list[_Row]
-    latents: torch.Tensor  # [1, C, T, h, w] float32
-    scheduler: Any
-    sound_latents: torch.Tensor | None = None  # [Cs, Ts] float32
-    sound_scheduler: Any = None
-    actions: _Actions | None = None
-    group: _SchedulerGroup | None = None  # steps its latents with the others admitted with it
-
-
-@attrs.define(eq=False)
-class _SchedulerGroup:
-    """Samples admitted together with the same shape and step count: one scheduler steps their
-    vision latents as one batch (a scheduler call per sample is a hundred small kernels).
-
-    The scheduler's update is elementwise per sample (no thresholding), so each member gets what its
-    own scheduler would give. Members step in lockstep (the runtime denoises every running sample of
-    a shape each step); one that left (aborted) keeps a placeholder row until the group finishes.
-    """
-
-    scheduler: Any
-    members: list[_State]
 
 
 class Cosmos3Model(DiffusionModel):
@@ -113,7 +55,7 @@ class Cosmos3Model(DiffusionModel):
         self.dtype = torch.float32
         # batch_key -> (the rows, their attention context): a group's context only changes when a
         # sample joins or leaves, so it is rebuilt then, not every step (hundreds of small copies).
-        self._contexts: OrderedDict[Any, tuple[list[_Row], Context]] = OrderedDict()
+        self._contexts: OrderedDict[Any, tuple[list[Row], Context]] = OrderedDict()
         self.kernels = EAGER
         self.graphs: GraphCache | None = None  # CUDA graphs of the generator stack (LoadSpec.cuda_graphs)
 
@@ -215,7 +157,7 @@ class Cosmos3Model(DiffusionModel):
             samples.append(DiffusionSample(request_id, index, len(state.scheduler.timesteps), key, state))
         return samples
 
-    def _action_request(self, request: Request) -> tuple[Request, _Conditioning]:
+    def _action_request(self, request: Request) -> tuple[Request, Conditioning]:
         """Validate an action request against the checkpoint; size it and lay out its frames (no encode yet)."""
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS, CosmosActionCondition
         from diffusers.video_processor import VideoProcessor
@@ -251,11 +193,11 @@ class Cosmos3Model(DiffusionModel):
             clip, spec.resolution_tier, spec.chunk_size + 1, device=self.device, dtype=torch.float32
         )
         request = attrs.evolve(request, width=int(width), height=int(height), num_frames=spec.chunk_size + 1)
-        return request, _Conditioning(pixels, image_size)
+        return request, Conditioning(pixels, image_size)
 
     def _new_state(
-        self, request: Request, cond_ids: list[int], uncond_ids: list[int], seed: int, conditioning: _Conditioning | None = None
-    ) -> _State:
+        self, request: Request, cond_ids: list[int], uncond_ids: list[int], seed: int, conditioning: Conditioning | None = None
+    ) -> SampleState:
         from diffusers.utils.torch_utils import randn_tensor
 
         pipe = self.pipe
@@ -296,7 +238,7 @@ class Cosmos3Model(DiffusionModel):
         rows = [self._row(ids, latent_shape, sound, request.fps, action_len) for ids in branches]
         if actions is not None:
             actions.scheduler = copy.deepcopy(scheduler)
-        return _State(
+        return SampleState(
             request=request,
             rows=rows,
             latents=latents,
@@ -306,7 +248,7 @@ class Cosmos3Model(DiffusionModel):
             actions=actions,
         )
 
-    def _new_actions(self, request: Request, latent_t: int, conditioning: _Conditioning, generator: torch.Generator) -> _Actions:
+    def _new_actions(self, request: Request, latent_t: int, conditioning: Conditioning, generator: torch.Generator) -> Actions:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID, _EMBODIMENT_TO_RAW_ACTION_DIM
 
         spec = request.action
@@ -315,7 +257,7 @@ class Cosmos3Model(DiffusionModel):
             noisy[0] = 0.0  # the first frame is given
         else:  # inverse_dynamics: every frame is given, only the actions are generated
             noisy.zero_()
-        return _Actions(
+        return Actions(
             domain_id=_EMBODIMENT_TO_DOMAIN_ID[spec.domain],
             raw_dim=_EMBODIMENT_TO_RAW_ACTION_DIM[spec.domain],
             length=spec.chunk_size,
@@ -326,7 +268,7 @@ class Cosmos3Model(DiffusionModel):
 
     def _row(
         self, input_ids: list[int], latent_shape: tuple[int, ...], sound: torch.Tensor | None, fps: float, action_len: int = 0
-    ) -> _Row:
+    ) -> Row:
         from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_text_tokens, get_3d_mrope_ids_vae_tokens
 
         config = self.transformer.config
@@ -373,7 +315,7 @@ class Cosmos3Model(DiffusionModel):
             parts.append(action_positions)
         dtype = torch.float32 if any(p.is_floating_point() for p in parts) or text_positions.is_floating_point() else torch.long
         gen_positions = torch.cat([p.to(dtype) for p in parts], dim=1)
-        return _Row(list(input_ids), text_positions.to(self.device), gen_positions.to(self.device))
+        return Row(list(input_ids), text_positions.to(self.device), gen_positions.to(self.device))
 
     # -- the reasoner tower, once per request ------------------------------------------------------
 
@@ -382,7 +324,7 @@ class Cosmos3Model(DiffusionModel):
         for sample in samples:
             if sample.state.actions is not None:
                 self._start_actions(sample.state)
-        self._group_schedulers(samples)
+        group_schedulers(samples)
         rows = [row for sample in samples for row in sample.state.rows]
         transformer = self.transformer
         lengths = [len(row.input_ids) for row in rows]
@@ -412,21 +354,7 @@ class Cosmos3Model(DiffusionModel):
         for i, row in enumerate(rows):
             row.kv = [(k[i, : lengths[i]].clone(), v[i, : lengths[i]].clone()) for k, v in per_layer]
 
-    @staticmethod
-    def _group_schedulers(samples: list[DiffusionSample]) -> None:
-        """Group newly admitted samples that will step in lockstep with equal timesteps."""
-        if any(sample.state.scheduler.config.get("thresholding") for sample in samples):
-            return  # thresholding reduces over each sample: not batchable
-        by_schedule: dict[Any, list[_State]] = {}
-        for sample in samples:
-            by_schedule.setdefault((sample.batch_key, sample.total_steps), []).append(sample.state)
-        for members in by_schedule.values():
-            if len(members) > 1:
-                group = _SchedulerGroup(copy.deepcopy(members[0].scheduler), members)
-                for state in members:
-                    state.group = group
-
-    def _start_actions(self, state: _State) -> None:
+    def _start_actions(self, state: SampleState) -> None:
         """Encode the conditioning frames (once per request) and draw the initial vision and action noise."""
         from diffusers.utils.torch_utils import randn_tensor
 
@@ -454,7 +382,7 @@ class Cosmos3Model(DiffusionModel):
     def denoise(self, samples: list[DiffusionSample]) -> None:
         transformer = self.transformer
         config = transformer.config
-        states: list[_State] = [s.state for s in samples]
+        states: list[SampleState] = [s.state for s in samples]
         timesteps = [s.state.scheduler.timesteps[s.step] for s in samples]
         row_sample = [i for i, st in enumerate(states) for _ in st.rows]
         rows = [row for st in states for row in st.rows]
@@ -514,7 +442,7 @@ class Cosmos3Model(DiffusionModel):
             preds_action = transformer.action_proj_out(gen[:, num_vision + num_sound :], domains[row_sample])  # [B, Ta, D]
 
         first = 0
-        grouped: dict[int, tuple[_SchedulerGroup, Any, int, dict[int, torch.Tensor]]] = {}
+        grouped: dict[int, tuple[SchedulerGroup, Any, int, dict[int, torch.Tensor]]] = {}
         for sample, state, t in zip(samples, states, timesteps):
             count = len(state.rows)
             velocity = _guided(preds_vision[first : first + count].float(), state.request.guidance_scale)
@@ -543,9 +471,9 @@ class Cosmos3Model(DiffusionModel):
                 actions.latents[:, actions.raw_dim :] = 0
             first += count
         for group, t, _, velocities in grouped.values():
-            _group_step(group, t, velocities)
+            group_step(group, t, velocities)
 
-    def _context(self, key: Any, rows: list[_Row], gen: torch.Tensor) -> "Context":
+    def _context(self, key: Any, rows: list[Row], gen: torch.Tensor) -> "Context":
         """The group's attention context, reused while the group's rows stay the same."""
         cached = self._contexts.get(key)
         if cached is not None and len(cached[0]) == len(rows) and all(a is b for a, b in zip(cached[0], rows)):
@@ -621,27 +549,15 @@ class Cosmos3Model(DiffusionModel):
 # -- tensor helpers ------------------------------------------------------------------------------
 
 
-def _branch(rows: list[_Row], row_sample: list[int], i: int) -> int:
+def _branch(rows: list[Row], row_sample: list[int], i: int) -> int:
     """Guidance branch of row i within its sample (0: conditional)."""
     return i - row_sample.index(row_sample[i])
 
 
-def _noisy_frames_rows(states: list[_State], row_sample: list[int]) -> torch.Tensor:
+def _noisy_frames_rows(states: list[SampleState], row_sample: list[int]) -> torch.Tensor:
     """[B, 1, T, 1, 1]: 1 on the generated latent frames of each row's sample, 0 on conditioning frames."""
     frames = torch.stack([st.actions.noisy_frames for st in states])[row_sample]
     return frames[:, None, :, None, None]
-
-
-def _group_step(group: _SchedulerGroup, t: Any, velocities: dict[int, torch.Tensor]) -> None:
-    """One scheduler step for a group's present members; absent ones get a zero placeholder."""
-    members = group.members
-    present = next(iter(velocities.values()))
-    velocity = torch.stack([velocities.get(id(state), torch.zeros_like(present)) for state in members])  # [S, C, T, h, w]
-    latents = torch.cat([state.latents for state in members])  # [S, C, T, h, w]
-    out = group.scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False)[0].squeeze(0)
-    for index, state in enumerate(members):
-        if id(state) in velocities:
-            state.latents = out[index : index + 1]
 
 
 def _guided(preds: torch.Tensor, scale: float) -> torch.Tensor:
