@@ -287,6 +287,7 @@ def test_json_round_trip(host, checkpoint):
 def test_quantization_names_a_registered_resolver(host, checkpoint):
     resolved = resolve(str(checkpoint), overrides=["thinker.quantization=fp8"], plugins=host)
     assert resolved.stage("thinker").options["quantization"] == "fp8"
+    assert resolved.stage("thinker").quantization_ref == "toy.quant:fp8"  # workers need not load plugins
     with pytest.raises(ConfigError) as info:
         resolve(str(checkpoint), overrides=["thinker.quantization=int3"], plugins=host)
     assert info.value.key == "stages.thinker.options.quantization"

@@ -46,6 +46,8 @@ class ResolvedStage:
     load_balancer: str = "least_loaded"
     cpu_threads: int | None = None
     nice: int = 0
+    # The registered resolver of the `quantization` option, looked up at resolve time ("module:attr").
+    quantization_ref: str | None = None
     options: dict[str, Any] = attrs.field(factory=dict)
 
     @property

@@ -114,9 +114,9 @@ class DiffusionStageRuntime(StageRuntime):
         name = self.options.quantization
         if name is None:
             return None
-        from omni_core.plugins import default_plugins
-
-        resolver = load_ref(default_plugins().quantization_resolver(name))
+        if self.stage.quantization_ref is None:
+            raise StageError(self.stage.name, f"quantization {name!r} has no resolver reference: resolve the pipeline with resolve()")
+        resolver = load_ref(self.stage.quantization_ref)
         return resolver("diffusion", dict(self.stage.options))
 
     def close(self) -> None:
