@@ -46,9 +46,9 @@ class GenerationOptions:
     - `max_chunk_size`: a request that has more new frames than its chunk (the stage fell behind)
       decodes up to this many at once: fewer, larger chunks, so less left context is re-decoded
       and a busy stage catches up (``None``: never more than `chunk_size`).
-    - `max_batch_frames`: most frames (left context included) decoded in one step; requests past it
-      wait for the next step (one always runs). Convolutional decoders on CPU slow down per frame
-      once a batch outgrows the caches; ``None``: no limit.
+    - `max_batch_frames`: most new frames (left context not counted) decoded in one step; requests
+      past it wait for the next step (one always runs). Convolutional decoders on CPU slow down per
+      frame once a batch outgrows the caches; ``None``: no limit.
     """
 
     max_batch_size: int = attrs.field(default=16, validator=_positive_or_none)
@@ -180,7 +180,8 @@ class GenerationStageRuntime(StageRuntime):
         request.input_final = stage_input.final
 
     def abort_request(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        if self._requests.pop(request_id, None) is not None and self.model is not None:
+            self.model.forget(request_id)
 
     # -- stepping --------------------------------------------------------------------------------
 
@@ -211,7 +212,7 @@ class GenerationStageRuntime(StageRuntime):
         for request_id in chosen:
             request = self._requests[request_id]
             item = self._next_item(request_id, request)
-            if item is not None and items and budget is not None and frames + item.frames.shape[0] > budget:
+            if item is not None and items and budget is not None and frames + item.new_frames > budget:
                 break  # it keeps its place in the service order for the next step
             del self._requests[request_id]
             self._requests[request_id] = request  # to the back of the service order
@@ -224,7 +225,7 @@ class GenerationStageRuntime(StageRuntime):
                 chunks.append(self._fail(request_id, request, str(exc)))
                 continue
             items.append(item)
-            frames += item.frames.shape[0]
+            frames += item.new_frames
         if items:
             outputs = model.decode(DecodeBatch(items))
             if len(outputs) != len(items):
@@ -325,6 +326,7 @@ class GenerationStageRuntime(StageRuntime):
 
     def _fail(self, request_id: str, request: _Request, message: str) -> Chunk:
         del self._requests[request_id]
+        self._loaded().forget(request_id)
         return Chunk(request_id, self.stage.name, request.chunks, final=True, error=message)
 
     @staticmethod

@@ -152,5 +152,9 @@ class GenerationModel(abc.ABC):
         """Called for every item before the batched forward: raise `InvalidRequestError` to fail
         only this request (its chunk becomes an error chunk)."""
 
+    def forget(self, request_id: str) -> None:
+        """The request ended early (aborted or failed): drop any per-request state the model keeps
+        between chunks (a request that ends normally has its last item marked `final`)."""
+
     def close(self) -> None:
         """Release weights and device memory."""

@@ -6,7 +6,9 @@ restarting with 25 frames of context and losing its causal convolutions' trimmed
 part declares exactly that (`segment_size` / `segment_context`), and streams in small chunks
 (`chunk_size` 25 frames) inside each segment with a left context of at least the decoder's
 receptive field (the pre-transformer's sliding window per layer plus the convolution stack), so
-the streamed waveform equals the reference's within float tolerance whatever the chunking.
+the streamed waveform equals the reference's within float tolerance whatever the chunking. Only the
+pre-transformer re-reads that context: the convolution stack, most of the work, keeps its state per
+request between chunks (`omni_qwen3.code2wav_stream`) and decodes each frame once.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Code2WavModel(GenerationModel):
         self.left_context = receptive_field(config)
         self.extra_outputs = {"sample_rate": SAMPLE_RATE}
         self.model: Any = None
+        self.stack: Any = None  # ConvStack over the loaded model
+        self._streams: dict[str, Any] = {}  # request id -> StreamState between chunks
         self.device = "cpu"
         self.trimmed_samples = 0
 
@@ -70,6 +74,9 @@ class Code2WavModel(GenerationModel):
         model.load_state_dict({name[len("code2wav.") :]: tensor for name, tensor in tensors.items()})
         self.model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
         self.device = device
+        from omni_qwen3.code2wav_stream import ConvStack
+
+        self.stack = ConvStack(self.model)
         with torch.inference_mode():
             probe = self.model(torch.zeros((1, self.num_quantizers, 1), dtype=torch.long, device=device))
         # Causal transposed convolutions drop the same number of trailing samples per decode.
@@ -94,15 +101,54 @@ class Code2WavModel(GenerationModel):
             raise RuntimeError("code2wav is not loaded")
 
     def decode(self, batch: DecodeBatch) -> Sequence[torch.Tensor]:
+        """The pre-transformer over each item's frames (left context included), then the
+        convolution stack over the new frames only, from the request's saved state (`ConvStack`).
+
+        An item that does not continue its request's stream (the first one, or the first of a new
+        reference segment, which the reference decodes afresh) runs all its frames from zeros. The
+        output keeps the runtime's layout (context samples first): the context part is zeros,
+        since the runtime drops it.
+        """
         import torch
 
+        from omni_qwen3.code2wav_stream import StreamState
+
         padded, lengths = batch.padded(pad_value=0, device=self.device)
+        model, spf = self.model, self.samples_per_frame
         with torch.inference_mode():
-            wav = self.model(padded.transpose(1, 2))[:, 0]
-        return [
-            wav[row, : int(length) * self.samples_per_frame - self.trimmed_samples].float()
-            for row, length in enumerate(lengths.tolist())
-        ]
+            codes = padded.transpose(1, 2)
+            hidden = model.code_embedding(codes + model.code_offset).mean(1)
+            hidden = model.pre_transformer(inputs_embeds=hidden).last_hidden_state.permute(0, 2, 1)  # [B, H, T]
+            states = [self._continued(item) for item in batch.items]
+            skip = [item.context if state is not None else 0 for item, state in zip(batch.items, states)]
+            sizes = [int(length) - first for length, first in zip(lengths.tolist(), skip)]
+            conv_in = hidden.new_zeros(hidden.shape[0], hidden.shape[1], max(sizes))
+            for row, (first, size) in enumerate(zip(skip, sizes)):
+                conv_in[row, :, :size] = hidden[row, :, first : first + size]
+            waves, new_states = self.stack.run(conv_in, sizes, states)
+        outputs = []
+        for item, state, wave, tensors in zip(batch.items, states, waves, new_states):
+            if item.final:
+                self._streams.pop(item.request_id, None)
+            else:
+                self._streams[item.request_id] = StreamState(item.start + int(item.frames.shape[0]), tensors)
+            if state is not None:  # only the new frames' samples: zeros stand for the dropped context
+                wave = torch.cat([wave.new_zeros(item.context * spf - self.trimmed_samples), wave])
+            outputs.append(wave.float())
+        return outputs
+
+    def _continued(self, item: DecodeItem) -> Any:
+        """The request's stream state when `item` continues it, else ``None`` (start from zeros)."""
+        state = self._streams.get(item.request_id)
+        first_new = item.start + item.context
+        if state is None or state.next_frame != first_new or (self.segment_size and first_new % self.segment_size == 0):
+            return None
+        if item.context * self.samples_per_frame < self.trimmed_samples:
+            return None  # (no left context: the runtime's layout has no room for the held-back samples)
+        return state
+
+    def forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
 
 
 # Frames the causal convolutions around the pre-transformer look back (kernel 7 at the frame rate,
