@@ -141,3 +141,20 @@ def test_bad_codes_are_rejected(tiny_dir: Path) -> None:
         stage_runtime.add_request("bad", StageInput(data={"codes": torch.zeros((3, 2), dtype=torch.long)}))
     with pytest.raises(InvalidRequestError, match="codes"):
         stage_runtime.add_request("big", StageInput(data={"codes": torch.full((3, 4), 10_000)}))
+
+
+def test_stream_state_lives_as_long_as_the_request(tiny_dir: Path, model: Any) -> None:
+    """The convolution states kept between chunks go when a request ends or is aborted."""
+    rng = np.random.default_rng(3)
+    size = model.config.code2wav_config.codebook_size
+    stage_runtime = runtime(tiny_dir, streaming=True)
+    streams = stage_runtime.model._streams
+    for rid in ("done", "aborted"):
+        stage_runtime.add_request(rid, StageInput(data={"codes": rng.integers(0, size, size=(30, 4))}, final=False))
+    stage_runtime.step()
+    assert set(streams) == {"done", "aborted"}  # one chunk each, more to come
+    stage_runtime.abort_request("aborted")
+    stage_runtime.extend_request("done", StageInput(data={"codes": rng.integers(0, size, size=(5, 4))}, final=True))
+    while stage_runtime.has_unfinished():
+        stage_runtime.step()
+    assert streams == {}
