@@ -58,7 +58,14 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
         model="omni_qwen3.talker:talker_model",
         inputs=(EdgeSpec("thinker", adapter="omni_qwen3.edges:ThinkerToTalker"),),
         output=None,
-        params={"max_tokens": TALKER_MAX_TOKENS, "stop_token_ids": [int(talker_config["codec_eos_token_id"])]},
+        # transformers' `generate` samples the talker with temperature 0.9 and top_k 50 by default. Its
+        # repetition penalty (1.05) is left out: vLLM would apply it to the prompt's placeholder ids too.
+        params={
+            "max_tokens": TALKER_MAX_TOKENS,
+            "stop_token_ids": [int(talker_config["codec_eos_token_id"])],
+            "temperature": 0.9,
+            "top_k": 50,
+        },
     )
     code2wav = StageSpec(
         name="code2wav",

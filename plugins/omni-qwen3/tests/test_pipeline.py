@@ -73,6 +73,12 @@ def test_default_deploy_resolves(tiny_dir: Path) -> None:
 
     merged = merge_params(resolved.stage("thinker").params, {"stop_token_ids": [5]})
     assert merged["stop_token_ids"] == [read_hf_config(tiny_dir)["im_end_token_id"], 5]
+    # The talker samples as transformers' generate does by default; a request may override it.
+    talker = resolved.stage("talker").params
+    assert (talker["temperature"], talker["top_k"]) == (0.9, 50)
+    assert merge_params(talker, {"temperature": 0.0})["temperature"] == 0.0
+    # CPU deploy: one thread per stage process; upstream stages yield to the ones nearer the audio.
+    assert [(s.cpu_threads, s.nice) for s in resolved.stages] == [(1, 10), (1, 5), (1, 0)]
 
 
 def test_thinker_only_checkpoint_gives_a_text_pipeline(thinker_only_dir: Path, tiny_dir: Path) -> None:
