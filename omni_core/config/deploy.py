@@ -19,8 +19,8 @@ LoadBalancer = Literal["least_loaded", "round_robin"]
 class StageDeploy:
     """Deployment of one stage: where it runs, how many replicas, and its runtime options.
 
-    `cpu_threads`: intra-op CPU threads of each replica's process (OpenMP; vLLM's CPU backend
-    then leaves its threads unbound). ``None`` keeps the libraries' default of one thread per core,
+    `cpu_threads`: intra-op CPU threads of each replica's process (``OMP_NUM_THREADS``, set before
+    torch loads). ``None`` keeps the libraries' default of one thread per core,
     which oversubscribes the cores when several stage processes share them. `nice`: how much the
     replica's process yields the CPU to the others (Unix niceness added to the engine's, 0-19), e.g.
     an upstream stage yielding to the stages nearer the output on a machine with few cores. Both

@@ -106,10 +106,8 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
     pipeline = ResolvedPipeline.from_dict(pipeline_data)
     stage = pipeline.stage(stage_name)
     if stage.cpu_threads is not None:
-        # Before torch (and its OpenMP runtime) is imported. vLLM's CPU backend would otherwise
-        # bind one thread per core of the node in every engine process.
+        # Before torch (and its OpenMP runtime) is imported: its default is one thread per core.
         os.environ["OMP_NUM_THREADS"] = str(stage.cpu_threads)
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         if "torch" in sys.modules:  # the parent's main module imported it on the way here
             sys.modules["torch"].set_num_threads(stage.cpu_threads)
     if stage.nice:
