@@ -260,16 +260,7 @@ def _b64decode(data: Any, where: str) -> bytes:
 
 
 def _decode_image_url(value: Any, where: str) -> Any:
-    url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str) or not url.startswith("data:"):
-        raise InvalidRequestError(
-            f"{where}: image_url must be a data: URL (data:image/png;base64,...); remote URLs are not fetched",
-            param="messages",
-        )
-    header, _, payload = url.partition(",")
-    if ";base64" not in header:
-        raise InvalidRequestError(f"{where}: image data URLs must be base64 encoded", param="messages")
-    raw = _b64decode(payload, where)
+    raw = _data_url_bytes(value, where, "image", "data:image/png;base64,...")
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -298,16 +289,20 @@ def _as_image(image: Any, where: str) -> Any:
 def _decode_video_url(value: Any, where: str) -> DecodedVideo:
     from omni_qwen3.video import decode_video
 
+    return decode_video(_data_url_bytes(value, where, "video", "data:video/mp4;base64,..."), where)
+
+
+def _data_url_bytes(value: Any, where: str, kind: str, example: str) -> bytes:
+    """The bytes of an ``{kind}_url`` part: a base64 ``data:`` URL (remote URLs are not fetched)."""
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str) or not url.startswith("data:"):
         raise InvalidRequestError(
-            f"{where}: video_url must be a data: URL (data:video/mp4;base64,...); remote URLs are not fetched",
-            param="messages",
+            f"{where}: {kind}_url must be a data: URL ({example}); remote URLs are not fetched", param="messages"
         )
     header, _, payload = url.partition(",")
     if ";base64" not in header:
-        raise InvalidRequestError(f"{where}: video data URLs must be base64 encoded", param="messages")
-    return decode_video(_b64decode(payload, where), where)
+        raise InvalidRequestError(f"{where}: {kind} data URLs must be base64 encoded", param="messages")
+    return _b64decode(payload, where)
 
 
 def _as_video(part: dict[str, Any], where: str) -> DecodedVideo:

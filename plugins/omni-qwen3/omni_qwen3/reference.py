@@ -258,6 +258,29 @@ def png_data_url(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def paired_requests(audio: np.ndarray, image: Any) -> tuple[dict[str, Messages], dict[str, Messages]]:
+    """Text, audio-in and image-in requests, in OpenAI format (what Omni takes) and in the
+    reference's format (what `reference_generate` takes), keyed ``text``, ``audio``, ``image``."""
+    text: Messages = [{"role": "user", "content": "Hello world, what is this?"}]
+    openai = {
+        "text": text,
+        "audio": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": wav_base64(audio), "format": "wav"}},
+            {"type": "text", "text": "What is this sound?"},
+        ]}],
+        "image": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": png_data_url(image)}},
+            {"type": "text", "text": "Describe it."},
+        ]}],
+    }
+    reference = {
+        "text": text,
+        "audio": [{"role": "user", "content": [{"type": "audio", "audio": audio}, {"type": "text", "text": "What is this sound?"}]}],
+        "image": [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Describe it."}]}],
+    }
+    return openai, reference
+
+
 def _collect_media(messages: Messages) -> tuple[list[Any], list[Any], list[Any]]:
     """Audio arrays, images and videos (`omni_qwen3.video.DecodedVideo`) in message order (the
     order of their placeholders)."""

@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
-from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, sine_wave, synthetic_image, png_data_url, wav_base64  # noqa: E402
+from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, paired_requests, sine_wave, synthetic_image  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
@@ -39,23 +39,8 @@ GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
 
 AUDIO = sine_wave(1.0)
 IMAGE = synthetic_image(64, 96)
-# The same three requests in OpenAI format (what the engine takes) and in the reference's format.
-OPENAI = {
-    "text": [{"role": "user", "content": "Hello world, what is this?"}],
-    "audio": [{"role": "user", "content": [
-        {"type": "input_audio", "input_audio": {"data": wav_base64(AUDIO), "format": "wav"}},
-        {"type": "text", "text": "What is this sound?"},
-    ]}],
-    "image": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": png_data_url(IMAGE)}},
-        {"type": "text", "text": "Describe it."},
-    ]}],
-}
-REFERENCE = {
-    "text": OPENAI["text"],
-    "audio": [{"role": "user", "content": [{"type": "audio", "audio": AUDIO}, {"type": "text", "text": "What is this sound?"}]}],
-    "image": [{"role": "user", "content": [{"type": "image", "image": IMAGE}, {"type": "text", "text": "Describe it."}]}],
-}
+# The same requests in OpenAI format (what the engine takes) and in the reference's format.
+OPENAI, REFERENCE = paired_requests(AUDIO, IMAGE)
 
 
 @pytest.fixture(scope="module")
