@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 
 import attrs
@@ -168,6 +170,37 @@ async def test_cpu_threads_and_nice_set_each_worker_process():
     assert health["s0"]["cpu_threads"] == 1 and health["s0"]["nice"] == min(base + 5, 19)
     # unset: whatever the engine's environment and niceness were
     assert health["s1"]["cpu_threads"] == _env_threads() and health["s1"]["nice"] == base
+
+
+# Run in a fresh interpreter: allocates and frees a 16 MiB block, prints whether it was mmapped
+# and whether the heap kept it free afterwards (glibc's mallinfo2).
+_MALLOC_PROBE = """
+import ctypes, sys
+from omni_core.runtime.replica import keep_freed_memory
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+applied = keep_freed_memory() if sys.argv[1] == "keep" else False
+block = libc.malloc(16 << 20)
+mmapped = libc.mallinfo2().hblkhd >= 16 << 20
+libc.free(block)
+print(applied, mmapped, libc.mallinfo2().fordblks >= 16 << 20)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+@pytest.mark.parametrize("mode, expected", [("default", "False True False"), ("keep", "True False True")])
+def test_keep_freed_memory_reuses_large_blocks(mode, expected):
+    """glibc maps a 16 MiB block afresh and unmaps it on free; with the setting it comes from the
+    heap and stays there for the next tensor."""
+    out = subprocess.run([sys.executable, "-c", _MALLOC_PROBE, mode], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == expected.split()
 
 
 def _env_threads() -> int | None:

@@ -23,8 +23,11 @@ class StageDeploy:
     torch loads). ``None`` keeps the libraries' default of one thread per core,
     which oversubscribes the cores when several stage processes share them. `nice`: how much the
     replica's process yields the CPU to the others (Unix niceness added to the engine's, 0-19), e.g.
-    an upstream stage yielding to the stages nearer the output on a machine with few cores. Both
-    apply to ``process`` placement; ``inline`` stages share the engine process.
+    an upstream stage yielding to the stages nearer the output on a machine with few cores.
+    `keep_freed_memory`: the replica's process keeps freed heap memory for reuse instead of handing
+    it back to the OS (glibc ``mallopt``), so tensors of a few MiB do not page-fault afresh at every
+    allocation (measured 2-7x faster CPU elementwise ops); its resident memory stays at its peak.
+    All three apply to ``process`` placement; ``inline`` stages share the engine process.
     """
 
     placement: Placement = "process"
@@ -33,6 +36,7 @@ class StageDeploy:
     load_balancer: LoadBalancer = "least_loaded"
     cpu_threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     nice: int = attrs.field(default=0, validator=[attrs.validators.ge(0), attrs.validators.le(19)])
+    keep_freed_memory: bool = True
     options: dict[str, Any] = attrs.field(factory=dict)
 
 

@@ -120,6 +120,7 @@ def resolve_pipeline(
                 load_balancer=stage_deploy.load_balancer,
                 cpu_threads=stage_deploy.cpu_threads,
                 nice=stage_deploy.nice,
+                keep_freed_memory=stage_deploy.keep_freed_memory,
                 quantization_ref=plugins.quantization_resolvers[options["quantization"]] if options.get("quantization") else None,
                 options=options,
             )

@@ -46,6 +46,7 @@ class ResolvedStage:
     load_balancer: str = "least_loaded"
     cpu_threads: int | None = None
     nice: int = 0
+    keep_freed_memory: bool = True
     # The registered resolver of the `quantization` option, looked up at resolve time ("module:attr").
     quantization_ref: str | None = None
     options: dict[str, Any] = attrs.field(factory=dict)

@@ -112,6 +112,8 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
             sys.modules["torch"].set_num_threads(stage.cpu_threads)
     if stage.nice:
         os.nice(stage.nice)
+    if stage.keep_freed_memory:
+        keep_freed_memory()
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
     from omni_core.runtime.worker import StageWorker
 
@@ -128,6 +130,34 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
         for connector in set(connectors.values()):
             connector.close()
         channel.close()
+
+
+# glibc mallopt parameters (malloc.h) and the sizes Omni's workers use.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 256 << 20  # blocks below this come from the heap and are reused once freed
+_TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept before any is handed back
+
+
+def keep_freed_memory() -> bool:
+    """Make this process's glibc allocator keep freed memory for reuse (`StageDeploy.keep_freed_memory`).
+
+    By default glibc serves blocks from 128 KiB up with fresh ``mmap`` pages, or trims them off the
+    heap once freed, so every new tensor of a few MiB page-faults its memory in again. Returns
+    whether both settings took (``False`` off glibc, where nothing changes).
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        mallopt = None
+    if mallopt is None:
+        logger.debug("no glibc mallopt here: freed memory is handled by the default allocator")
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
 class ProcessReplica:

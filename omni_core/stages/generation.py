@@ -49,6 +49,9 @@ class GenerationOptions:
     - `max_batch_frames`: most new frames (left context not counted) decoded in one step; requests
       past it wait for the next step (one always runs). Convolutional decoders on CPU slow down per
       frame once a batch outgrows the caches; ``None``: no limit.
+    - `compile`: let the model part compile its hot element-wise code with ``torch.compile`` (the
+      model part says what, and falls back to eager where compiling fails); it reads the option
+      from its stage's options.
     """
 
     max_batch_size: int = attrs.field(default=16, validator=_positive_or_none)
@@ -59,6 +62,7 @@ class GenerationOptions:
     device: str | None = None
     chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
     left_context: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
+    compile: bool = False
 
 
 @attrs.define
