@@ -4,15 +4,15 @@ Wraps transformers' ``Qwen3OmniMoeCode2Wav`` loaded from the checkpoint's ``code
 The reference (``generate``) decodes with ``chunked_decode(300, 25)``: segments of 300 frames, each
 restarting with 25 frames of context and losing its causal convolutions' trimmed tail. This model
 part declares exactly that (`segment_size` / `segment_context`), and streams in small chunks
-(`chunk_size` 25 frames) inside each segment with a left context of at least the decoder's
-receptive field (the pre-transformer's sliding window per layer plus the convolution stack), so
-the streamed waveform equals the reference's within float tolerance whatever the chunking. Only the
-pre-transformer re-reads that context: the convolution stack, most of the work, keeps its state per
-request between chunks (`omni_qwen3.code2wav_stream`) and decodes each frame once.
+(`chunk_size` 25 frames) inside each segment. Each request keeps its decoder's state between
+chunks (the pre-transformer's sliding-window keys and values, the convolutions' last inputs:
+`omni_qwen3.code2wav_stream`), so every frame is decoded once and the streamed waveform equals the
+reference's within float tolerance whatever the chunking.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
 from omni_core.errors import InvalidRequestError
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     import torch
 
     from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
 
@@ -39,6 +41,9 @@ class Code2WavModel(GenerationModel):
     # The reference's chunked_decode(300, 25) (omni_qwen3.reference).
     segment_size = 300
     segment_context = 25
+    # A continued item needs no context frames (its request's state stands for them): one frame
+    # gives the runtime's layout room for the samples the previous chunk held back (`trimmed_samples`).
+    left_context = 1
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage | None = None) -> None:
         from omni_qwen3.talker import read_config
@@ -51,9 +56,10 @@ class Code2WavModel(GenerationModel):
         for factor in list(config["upsample_rates"]) + list(config["upsampling_ratios"]):
             total *= int(factor)
         self.samples_per_frame = total
-        self.left_context = receptive_field(config)
         self.extra_outputs = {"sample_rate": SAMPLE_RATE}
         self.model: Any = None
+        self.compile = bool(stage.options.get("compile")) if stage is not None else False
+        self.pre: Any = None  # PreTransformer over the loaded model
         self.stack: Any = None  # ConvStack over the loaded model
         self._streams: dict[str, Any] = {}  # request id -> StreamState between chunks
         self.device = "cpu"
@@ -74,13 +80,33 @@ class Code2WavModel(GenerationModel):
         model.load_state_dict({name[len("code2wav.") :]: tensor for name, tensor in tensors.items()})
         self.model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
         self.device = device
-        from omni_qwen3.code2wav_stream import ConvStack
+        from omni_qwen3.code2wav_stream import ConvStack, PreTransformer
 
+        self.pre = PreTransformer(self.model)
         self.stack = ConvStack(self.model)
         with torch.inference_mode():
             probe = self.model(torch.zeros((1, self.num_quantizers, 1), dtype=torch.long, device=device))
         # Causal transposed convolutions drop the same number of trailing samples per decode.
         self.trimmed_samples = self.samples_per_frame - int(probe.shape[-1])
+        if self.compile:
+            self.stack = self._compiled_stack()
+
+    def _compiled_stack(self) -> Any:
+        """A `ConvStack` with compiled activations, compiled now (two rows of two frames: sizes of 1
+        would be specialized); the eager one where compiling fails (e.g. no C++ compiler)."""
+        import torch
+
+        from omni_qwen3.code2wav_stream import ConvStack
+
+        stack = ConvStack(self.model, compiled=True)
+        logger.info("compiling code2wav's activations (torch.compile; cached on disk for later starts)")
+        hidden = torch.zeros((2, self.model.config.hidden_size, 2), dtype=next(self.model.parameters()).dtype, device=self.device)
+        try:
+            stack.run(hidden, [2, 2], [None, None])
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager path gives the same samples
+            logger.warning("code2wav runs eagerly: compiling its activations failed: %s", exc)
+            return self.stack
+        return stack
 
     def to_frames(self, value: Any) -> torch.Tensor:
         import torch
@@ -101,39 +127,38 @@ class Code2WavModel(GenerationModel):
             raise RuntimeError("code2wav is not loaded")
 
     def decode(self, batch: DecodeBatch) -> Sequence[torch.Tensor]:
-        """The pre-transformer over each item's frames (left context included), then the
-        convolution stack over the new frames only, from the request's saved state (`ConvStack`).
+        """Each item's new frames through the pre-transformer and the convolution stack, from its
+        request's saved state (`PreTransformer`, `ConvStack`): nothing is decoded twice.
 
         An item that does not continue its request's stream (the first one, or the first of a new
-        reference segment, which the reference decodes afresh) runs all its frames from zeros. The
-        output keeps the runtime's layout (context samples first): the context part is zeros,
-        since the runtime drops it.
+        reference segment, which the reference decodes afresh with its context frames) runs all its
+        frames from the start. The output keeps the runtime's layout (context samples first): for
+        a continued item the context part is zeros, since the runtime drops it.
         """
         import torch
 
         from omni_qwen3.code2wav_stream import StreamState
 
-        padded, lengths = batch.padded(pad_value=0, device=self.device)
-        model, spf = self.model, self.samples_per_frame
+        model = self.model
+        states = [self._continued(item) for item in batch.items]
+        inputs = [item.frames[item.context :] if state is not None else item.frames for item, state in zip(batch.items, states)]
+        sizes = [int(frames.shape[0]) for frames in inputs]
+        codes = inputs[0].new_zeros((len(inputs), max(sizes), self.num_quantizers))
+        for row, frames in enumerate(inputs):
+            codes[row, : frames.shape[0]] = frames
         with torch.inference_mode():
-            codes = padded.transpose(1, 2)
+            codes = codes.to(self.device).transpose(1, 2)
             hidden = model.code_embedding(codes + model.code_offset).mean(1)
-            hidden = model.pre_transformer(inputs_embeds=hidden).last_hidden_state.permute(0, 2, 1)  # [B, H, T]
-            states = [self._continued(item) for item in batch.items]
-            skip = [item.context if state is not None else 0 for item, state in zip(batch.items, states)]
-            sizes = [int(length) - first for length, first in zip(lengths.tolist(), skip)]
-            conv_in = hidden.new_zeros(hidden.shape[0], hidden.shape[1], max(sizes))
-            for row, (first, size) in enumerate(zip(skip, sizes)):
-                conv_in[row, :, :size] = hidden[row, :, first : first + size]
-            waves, new_states = self.stack.run(conv_in, sizes, states)
+            hidden, attention = self.pre.run(hidden, sizes, [state.attention if state else None for state in states])
+            waves, conv_states = self.stack.run(hidden.permute(0, 2, 1), sizes, states)
         outputs = []
-        for item, state, wave, tensors in zip(batch.items, states, waves, new_states):
+        for item, state, wave, tensors, cache in zip(batch.items, states, waves, conv_states, attention):
             if item.final:
                 self._streams.pop(item.request_id, None)
             else:
-                self._streams[item.request_id] = StreamState(item.start + int(item.frames.shape[0]), tensors)
+                self._streams[item.request_id] = StreamState(item.start + int(item.frames.shape[0]), tensors, cache)
             if state is not None:  # only the new frames' samples: zeros stand for the dropped context
-                wave = torch.cat([wave.new_zeros(item.context * spf - self.trimmed_samples), wave])
+                wave = torch.cat([wave.new_zeros(item.context * self.samples_per_frame - self.trimmed_samples), wave])
             outputs.append(wave.float())
         return outputs
 
@@ -149,17 +174,6 @@ class Code2WavModel(GenerationModel):
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-
-
-# Frames the causal convolutions around the pre-transformer look back (kernel 7 at the frame rate,
-# then the upsampling blocks' kernels in frames): measured at under 8 on the tiny checkpoint.
-CONV_MARGIN = 16
-
-
-def receptive_field(config: dict[str, Any]) -> int:
-    """Frames of past input that can change a frame's output: each sliding-window attention layer
-    of the pre-transformer reaches `sliding_window` frames further back, plus the convolutions."""
-    return int(config["num_hidden_layers"]) * int(config["sliding_window"]) + CONV_MARGIN
 
 
 def code2wav_model(pipeline: ResolvedPipeline, stage: ResolvedStage) -> Code2WavModel:

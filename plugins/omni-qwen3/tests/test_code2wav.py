@@ -71,28 +71,33 @@ def test_reference_generate_waveform(tiny_dir: Path, model: Any) -> None:
         np.testing.assert_allclose(waves["a"], ref.waveform, atol=1e-5)
 
 
-def _stream_stepwise(stage_runtime: GenerationStageRuntime, pieces: list[np.ndarray]) -> list[np.ndarray]:
+def _stream_stepwise(
+    stage_runtime: GenerationStageRuntime, pieces: list[np.ndarray], between: Any = None
+) -> list[np.ndarray]:
     """Audio chunks emitted when `pieces` stream in one by one, stepping in between (as a talker
-    and code2wav run side by side)."""
+    and code2wav run side by side); `between()` runs after every step."""
     out = []
     stage_runtime.add_request("a", StageInput(data={"codes": pieces[0]}, final=len(pieces) == 1))
     for i in range(1, len(pieces) + 1):
         while stage_runtime.has_unfinished():
             out += [chunk.data["audio"] for chunk in stage_runtime.step()]
+            if between is not None:
+                between()
         if i < len(pieces):
             stage_runtime.extend_request("a", StageInput(data={"codes": pieces[i]}, final=i == len(pieces) - 1))
     return out
 
 
 def test_small_streamed_chunks_equal_one_full_decode(tiny_dir: Path, model: Any) -> None:
-    """Under 300 frames the reference is one decode: 25-frame chunks with a left context over the
-    receptive field, the trimmed tails re-decoded, give the same samples; too little context not."""
+    """Under 300 frames the reference is one decode: 25-frame chunks, each continuing its request's
+    decoder state (one frame of context for the previous chunk's held-back samples), give the same
+    samples; chunks decoded afresh from their frames alone do not."""
     rng = np.random.default_rng(2)
     codes = rng.integers(0, model.config.code2wav_config.codebook_size, size=(4, 120))
     expected = decode_codes(model, codes)
     pieces = [codes.T[i : i + 10] for i in range(0, 120, 10)]  # a talker emitting 10 frames at a time
     stage_runtime = runtime(tiny_dir, streaming=True)
-    assert stage_runtime.chunk_size == 25 and stage_runtime.left_context >= 80
+    assert stage_runtime.chunk_size == 25 and stage_runtime.left_context == 1
     chunks = _stream_stepwise(stage_runtime, pieces)
     spf = stage_runtime.model.samples_per_frame
     # The first audio after 25 frames, not after the whole answer.
@@ -100,9 +105,10 @@ def test_small_streamed_chunks_equal_one_full_decode(tiny_dir: Path, model: Any)
     waveform = np.concatenate(chunks)
     assert waveform.shape == expected.shape
     np.testing.assert_allclose(waveform, expected, atol=1e-5)
-    short, _ = run(runtime(tiny_dir, streaming=True, left_context=20), {"a": pieces})
-    assert short["a"].shape == expected.shape
-    assert np.abs(short["a"] - expected).max() > 1e-3  # the context matters: the test can fail
+    forgetful = runtime(tiny_dir, streaming=True)
+    stateless = np.concatenate(_stream_stepwise(forgetful, pieces, between=lambda: forgetful.model.forget("a")))
+    assert stateless.shape == expected.shape
+    assert np.abs(stateless - expected).max() > 1e-3  # the state matters: the test can fail
 
 
 @pytest.mark.parametrize("chunk_size", [25, 300])
@@ -158,3 +164,37 @@ def test_stream_state_lives_as_long_as_the_request(tiny_dir: Path, model: Any) -
     while stage_runtime.has_unfinished():
         stage_runtime.step()
     assert streams == {}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_streams_at_different_points_batch_together(tiny_dir: Path, model: Any, compiled: bool) -> None:
+    """Requests joining at different times share decodes whose rows mix a first chunk (from the
+    start) with continued ones at different cache fills and lengths; each equals its full decode,
+    with the activations eager or compiled."""
+    rng = np.random.default_rng(4)
+    size = model.config.code2wav_config.codebook_size
+    codes = {rid: rng.integers(0, size, size=(n, 4)) for rid, n in (("a", 150), ("b", 97), ("c", 60))}
+    joins = {"a": 0, "b": 2, "c": 5}  # the step each request arrives at
+    stage_runtime = runtime(tiny_dir, streaming=True, first_chunk_size=3, chunk_size=7, compile=compiled)
+    assert stage_runtime.model.stack.compiled == compiled  # compiling worked here
+    fed = {rid: 0 for rid in codes}
+    out: dict[str, list[np.ndarray]] = {rid: [] for rid in codes}
+    mixed = 0
+    for step in range(200):
+        for rid, frames in codes.items():  # 4 more frames per request per step, as a talker emits them
+            if step >= joins[rid] and fed[rid] < len(frames):
+                piece = StageInput(data={"codes": frames[fed[rid] : fed[rid] + 4]}, final=fed[rid] + 4 >= len(frames))
+                (stage_runtime.add_request if fed[rid] == 0 else stage_runtime.extend_request)(rid, piece)
+                fed[rid] += 4
+        if not stage_runtime.has_unfinished():
+            if all(fed[rid] >= len(frames) for rid, frames in codes.items()):
+                break
+            continue  # waiting for more frames
+        streams_before = set(stage_runtime.model._streams)
+        chunks = stage_runtime.step()
+        mixed += len({c.request_id for c in chunks} - streams_before) > 0 and len(chunks) > 1
+        for chunk in chunks:
+            out[chunk.request_id].append(chunk.data["audio"])
+    assert mixed  # at least one decode batched a first chunk with continued ones
+    for rid, frames in codes.items():
+        np.testing.assert_allclose(np.concatenate(out[rid]), decode_codes(model, frames.T), atol=1e-5)
