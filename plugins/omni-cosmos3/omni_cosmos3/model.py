@@ -41,6 +41,7 @@ from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, Lo
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
 from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
+from omni_cosmos3.vae2d import SingleFrameDecoder
 
 
 class Cosmos3Model(DiffusionModel):
@@ -58,6 +59,7 @@ class Cosmos3Model(DiffusionModel):
         self._contexts: OrderedDict[Any, tuple[list[Row], Context]] = OrderedDict()
         self.kernels = EAGER
         self.graphs: GraphCache | None = None  # CUDA graphs of the generator stack (LoadSpec.cuda_graphs)
+        self.vae_decode: SingleFrameDecoder | None = None  # `vae.decode(z).sample`, in 2-D for images
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -96,6 +98,7 @@ class Cosmos3Model(DiffusionModel):
                     tile_sample_stride_height=tile * 3 // 4, tile_sample_stride_width=tile * 3 // 4,
                 )
         self.pipe = pipe
+        self.vae_decode = SingleFrameDecoder(pipe.vae)  # after the weights' final device and layout
         self.kernels = LayerKernels.compiled() if spec.compile else EAGER
         self.graphs = GraphCache() if spec.cuda_graphs and self.device.type == "cuda" else None
         config = pipe.transformer.config
@@ -107,6 +110,7 @@ class Cosmos3Model(DiffusionModel):
 
     def close(self) -> None:
         self.pipe = None
+        self.vae_decode = None
         self._contexts.clear()
         if self.graphs is not None:
             self.graphs.clear()
@@ -522,7 +526,7 @@ class Cosmos3Model(DiffusionModel):
         latents = torch.cat([s.state.latents for s in samples])
         mean = pipe._vae_latents_mean.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
-        decoded = pipe.vae.decode(latents.to(vae_dtype) / inv_std + mean).sample.to(latents.dtype)
+        decoded = self.vae_decode(latents.to(vae_dtype) / inv_std + mean).to(latents.dtype)
         videos = pipe.video_processor.postprocess_video(decoded, output_type="np")  # [S, T, H, W, 3] in [0, 1]
         payloads = []
         for sample, frames in zip(samples, videos):
