@@ -337,9 +337,9 @@ class Report:
     skipped: list[str] = attrs.field(factory=list)
     notes: list[str] = attrs.field(factory=list)
 
-    @property
-    def stem(self) -> Path:
-        return self.out / f"diffusion-{self.args['preset']}"
+    def path(self, suffix: str) -> Path:
+        # Not Path.with_suffix: it takes the ".2b" of "diffusion-1.2b" for a suffix (diffusion-1.json).
+        return self.out / f"diffusion-{self.args['preset']}{suffix}"
 
     def row(self, run: Run) -> dict[str, Any]:
         m = self.meta
@@ -367,8 +367,8 @@ class Report:
         rows = [self.row(run) for run in self.runs]
         data = {"meta": self.meta, "args": self.args, "runs": rows, "summary": self.summary(), "skipped": self.skipped,
                 "notes": self.notes}
-        self.stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=float))
-        self.stem.with_suffix(".md").write_text(self.markdown(rows))
+        self.path(".json").write_text(json.dumps(data, indent=1, default=float))
+        self.path(".md").write_text(self.markdown(rows))
 
     def find(self, system: str, concurrency: int, threshold: float | None = None) -> Run | None:
         for run in self.runs:
@@ -597,7 +597,7 @@ def main() -> None:
     if args.ceiling_n is None:
         args.ceiling_n = 8192 if args.device.startswith("cuda") else 1024
     report = run_part(args)
-    print(report.stem.with_suffix(".md").read_text())
+    print(report.path(".md").read_text())
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ from omni_core.errors import InvalidRequestError, MissingDependencyError
 from omni_core.stages import diffusion_cache
 from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
-from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, generator_layer, patchify, rope, unpatchify
+from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
+from omni_cosmos3.scheduling import scheduler_step
 from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
 from omni_cosmos3.vae2d import SingleFrameDecoder
 
@@ -355,8 +356,8 @@ class Cosmos3Model(DiffusionModel):
             out = attention(q, k, v, causal=True)
             hidden = hidden + attn.to_out(out.transpose(1, 2).flatten(-2))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        for i, row in enumerate(rows):
-            row.kv = [(k[i, : lengths[i]].clone(), v[i, : lengths[i]].clone()) for k, v in per_layer]
+        for i, row in enumerate(rows):  # views of the batch's (small) keys: a clone each would be ~400 copies
+            row.kv = [(k[i, : lengths[i]], v[i, : lengths[i]]) for k, v in per_layer]
 
     def _start_actions(self, state: SampleState) -> None:
         """Encode the conditioning frames (once per request) and draw the initial vision and action noise."""
@@ -416,7 +417,7 @@ class Cosmos3Model(DiffusionModel):
             action_in = torch.stack([st.actions.latents for st in states]).to(tokens.dtype)  # [S, Ta, D]
             # Every action token is generated in these tasks, so every one gets the timestep embedding.
             parts.append(transformer.action_proj_in(action_in, domains) + transformer.action_modality_embed + temb)
-        gen = torch.cat(parts, dim=1)[row_sample]  # [B, M, H]
+        gen = torch.cat(parts, dim=1).index_select(0, device_rows(row_sample, self.device))  # [B, M, H]
 
         context = self._context(samples[0].batch_key, rows, gen)
 
@@ -456,22 +457,18 @@ class Cosmos3Model(DiffusionModel):
                     raise RuntimeError(f"scheduler group out of step: {entry[2]} and {sample.step}")
                 entry[3][id(state)] = velocity
             else:
-                state.latents = state.scheduler.step(
-                    velocity.unsqueeze(0).unsqueeze(0), t, state.latents.unsqueeze(0), return_dict=False
-                )[0].squeeze(0)
+                latents = state.latents.unsqueeze(0)
+                state.latents = scheduler_step(state.scheduler, velocity.unsqueeze(0).unsqueeze(0), t, latents).squeeze(0)
             if preds_sound is not None:
                 velocity = _guided(preds_sound[first : first + count].float(), state.request.guidance_scale)
-                state.sound_latents = state.sound_scheduler.step(
-                    velocity.unsqueeze(0), t, state.sound_latents.unsqueeze(0), return_dict=False
-                )[0].squeeze(0)
+                sound = state.sound_latents.unsqueeze(0)
+                state.sound_latents = scheduler_step(state.sound_scheduler, velocity.unsqueeze(0), t, sound).squeeze(0)
             if preds_action is not None:
                 actions = state.actions
                 velocity = preds_action[first : first + count].float()
                 velocity[:, :, actions.raw_dim :] = 0
                 velocity = _guided(velocity, state.request.guidance_scale)
-                actions.latents = actions.scheduler.step(
-                    velocity.unsqueeze(0), t, actions.latents.unsqueeze(0), return_dict=False
-                )[0].squeeze(0)
+                actions.latents = scheduler_step(actions.scheduler, velocity.unsqueeze(0), t, actions.latents.unsqueeze(0)).squeeze(0)
                 actions.latents[:, actions.raw_dim :] = 0
             first += count
         for group, t, _, velocities in grouped.values():
@@ -503,15 +500,16 @@ class Cosmos3Model(DiffusionModel):
         index = [i for i, c in enumerate(compute) if c]
         out = gen.clone()
         if index:
-            sub = context.select(index)
-            rest = gen[index]
+            sub, rows = context.select(index), device_rows(index, gen.device)
+            rest = gen.index_select(0, rows)
             for layer_index, layer in enumerate(layers[1:], start=1):
                 rest = generator_layer(layer, rest, sub, layer_index, self.kernels)
-            out[index] = rest
+            out.index_copy_(0, rows, rest)
         reused = [i for i, c in enumerate(compute) if not c]
         if reused:  # one batched add for every row that reuses its residual
             residuals = torch.stack([cache_rows[i][0].residual[cache_rows[i][1]] for i in reused])
-            out[reused] = gen[reused] + residuals
+            rows = device_rows(reused, gen.device)
+            out.index_copy_(0, rows, gen.index_select(0, rows) + residuals)
         for i, (state, branch) in enumerate(cache_rows):
             if state is not None:
                 diffusion_cache.record(state, branch, signal[i], out[i] - gen[i] if compute[i] else None)
@@ -527,11 +525,13 @@ class Cosmos3Model(DiffusionModel):
         mean = pipe._vae_latents_mean.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
         inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
         decoded = self.vae_decode(latents.to(vae_dtype) / inv_std + mean).to(latents.dtype)
-        videos = pipe.video_processor.postprocess_video(decoded, output_type="np")  # [S, T, H, W, 3] in [0, 1]
+        frames = pipe.video_processor.postprocess_video(decoded, output_type="pt")  # [S, T, 3, H, W] in [0, 1]
+        # The pipeline's rounding of its float32 frames to 8 bits, done where the frames are: the same
+        # float32 operations, then a copy of a quarter of the bytes and no passes of numpy over them.
+        videos = (frames * 255.0).round().clamp(0, 255).to(torch.uint8).permute(0, 1, 3, 4, 2).cpu().numpy()
         payloads = []
-        for sample, frames in zip(samples, videos):
+        for sample, pixels in zip(samples, videos):
             request: Request = sample.state.request
-            pixels = np.clip(np.round(np.asarray(frames) * 255.0), 0, 255).astype(np.uint8)
             payload: dict[str, Any] = {"task": request.task}
             if request.task == "t2i":
                 payload["image"] = pixels[0]

@@ -10,6 +10,7 @@ import attrs
 import torch
 
 from omni_core.stages.diffusion_model import DiffusionSample
+from omni_cosmos3.scheduling import scheduler_step
 from omni_cosmos3.tasks import Request
 
 
@@ -92,7 +93,7 @@ def group_step(group: SchedulerGroup, t: Any, velocities: dict[int, torch.Tensor
     present = next(iter(velocities.values()))
     velocity = torch.stack([velocities.get(id(state), torch.zeros_like(present)) for state in members])  # [S, C, T, h, w]
     latents = torch.cat([state.latents for state in members])  # [S, C, T, h, w]
-    out = group.scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False)[0].squeeze(0)
+    out = scheduler_step(group.scheduler, velocity.unsqueeze(0), t, latents.unsqueeze(0)).squeeze(0)
     for index, state in enumerate(members):
         if id(state) in velocities:
             state.latents = out[index : index + 1]

@@ -305,3 +305,32 @@ def test_per_row_attention_equals_the_masked_batch() -> None:
     all_keys, all_values = torch.cat([keys[0], k], 1), torch.cat([values[0], v], 1)
     batched = attention(q, all_keys, all_values, mask=context.mask)
     torch.testing.assert_close(attention_per_row(q, all_keys, all_values, context), batched, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0},  # Cosmos3's
+        {"prediction_type": "flow_prediction", "use_flow_sigmas": True, "flow_shift": 3.0, "solver_order": 3},
+        {"solver_order": 3, "solver_type": "bh1", "disable_corrector": [1], "final_sigmas_type": "sigma_min",
+         "prediction_type": "v_prediction"},
+    ],
+)
+def test_scheduler_step_equals_diffusers_unipc(config: dict) -> None:
+    """`scheduler_step` (its scalars on the host, no device waits) is diffusers' UniPC step, bit for bit."""
+    import copy
+
+    from diffusers import UniPCMultistepScheduler
+
+    from omni_cosmos3.scheduling import scheduler_step
+
+    torch.manual_seed(0)
+    theirs = UniPCMultistepScheduler(num_train_timesteps=1000, **config)
+    theirs.set_timesteps(12)
+    ours = copy.deepcopy(theirs)
+    expected = got = torch.randn(2, 4, 1, 6, 6)
+    for t in theirs.timesteps:
+        velocity = torch.randn_like(expected)
+        expected = theirs.step(velocity, t, expected, return_dict=False)[0]
+        got = scheduler_step(ours, velocity, t, got)
+        assert torch.isfinite(got).all() and torch.equal(got, expected), t
