@@ -296,6 +296,37 @@ def test_abort_frees_request(stream_runtime: ARStageRuntime, prompts, hf_greedy)
     assert _tokens(_run(stream_runtime)["drop"]) == hf_greedy[0]
 
 
+def test_admission_window_prefills_requests_sent_together(tiny_lm: Path, prompts, hf_greedy) -> None:
+    """An idle stage holds its first request for `admission_window_ms`: one sent just after it joins
+    the same first step; once busy, a new request starts at the next step; the tokens stay the same."""
+    import time
+
+    runtime = _runtime(tiny_lm, f"{__name__}:plain_lm", streaming=True, admission_window_ms=300)
+    try:
+        runtime.add_request("a", StageInput(data={"prompt_token_ids": prompts[0]}, params=_greedy()))
+        began = time.monotonic()
+        assert runtime.step() == []  # waiting for company
+        runtime.add_request("b", StageInput(data={"prompt_token_ids": prompts[1]}, params=_greedy()))
+        first: list[Chunk] = []
+        while not first:
+            first = runtime.step()
+        assert time.monotonic() - began >= 0.3
+        assert {c.request_id for c in first} == {"a", "b"}  # one prefill for both
+        runtime.add_request("c", StageInput(data={"prompt_token_ids": prompts[2]}, params=_greedy()))
+        busy = time.monotonic()
+        second = runtime.step()
+        assert "c" in {chunk.request_id for chunk in second}  # busy: no waiting
+        assert time.monotonic() - busy < 0.3
+        seen: dict[str, list[Chunk]] = {}
+        for chunk in first + second:
+            seen.setdefault(chunk.request_id, []).append(chunk)
+        for rid, rest in _run(runtime).items():
+            seen.setdefault(rid, []).extend(rest)
+        assert [_tokens(seen[rid]) for rid in ("a", "b", "c")] == hf_greedy[:3]
+    finally:
+        runtime.close()
+
+
 def test_over_long_prompt_fails_only_that_request(stream_runtime: ARStageRuntime, prompts, hf_greedy) -> None:
     stream_runtime.add_request("ok", StageInput(data={"prompt_token_ids": prompts[3]}, params=_greedy()))
     with pytest.raises(InvalidRequestError, match="maximum context length"):

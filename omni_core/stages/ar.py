@@ -8,6 +8,7 @@ chunks; vLLM internals stay in `vllm_bridge`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -44,6 +45,8 @@ class AROptions:
     `EngineArgs` through and wins over everything else. `streamed_input_min_tokens`: a request of a
     streamed-input model part (re)enters vLLM once its input allows this many more tokens (or its
     input is final); fewer means lower latency but more resumptions (each re-prefills the request).
+    `admission_window_ms`: when the stage is idle, how long its first new request waits for others
+    sent with it, so they prefill together and move through the pipeline as one batch (0: never).
     """
 
     max_num_seqs: int = attrs.field(default=32, validator=_positive)
@@ -58,6 +61,7 @@ class AROptions:
     enable_prompt_embeds: bool = False
     engine_args: dict[str, Any] = attrs.field(factory=dict)
     streamed_input_min_tokens: int = attrs.field(default=4, validator=_positive)
+    admission_window_ms: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
 
 
 @attrs.define
@@ -120,6 +124,8 @@ class ARStageRuntime(StageRuntime):
         self.engine: LLMEngine | None = None
         self._requests: dict[str, _Request] = {}
         self._by_internal: dict[str, str] = {}
+        self._idle_since: float | None = None  # when an idle stage got its first new request
+        self._idle = True  # no vLLM step has run since the stage last had nothing to do
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -326,6 +332,15 @@ class ARStageRuntime(StageRuntime):
 
         engine = self._engine()
         model = self._model()
+        if self._idle and self.options.admission_window_ms:
+            # An idle stage: give requests sent together a moment to arrive, so they share a prefill.
+            now = time.monotonic()
+            self._idle_since = self._idle_since or now
+            remaining = self.options.admission_window_ms / 1000.0 - (now - self._idle_since)
+            if remaining > 0:
+                time.sleep(min(remaining, 0.002))  # short: the worker takes in new requests between steps
+                return []
+        self._idle, self._idle_since = False, None
         outputs = engine.step()
         if model.capture_hidden_states:
             self._collect_hidden(vllm_bridge.drain_captured(engine))
@@ -380,6 +395,7 @@ class ARStageRuntime(StageRuntime):
                     self._hold(request_id, request)
                 except InvalidRequestError as exc:  # e.g. the resumed prompt got too long
                     chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(exc)))
+        self._idle = not self._requests
         return chunks
 
     def _hold(self, request_id: str, request: _Request) -> None:

@@ -92,8 +92,8 @@ class Code2WavModel(GenerationModel):
             self.stack = self._compiled_stack()
 
     def _compiled_stack(self) -> Any:
-        """A `ConvStack` with compiled activations, compiled now (two rows of two frames: sizes of 1
-        would be specialized); the eager one where compiling fails (e.g. no C++ compiler)."""
+        """A `ConvStack` with compiled activations, compiled now (one frame of one row, and more:
+        a size of 1 is compiled apart); the eager one where compiling fails (e.g. no C++ compiler)."""
         import torch
 
         from omni_qwen3.code2wav_stream import ConvStack
@@ -102,6 +102,7 @@ class Code2WavModel(GenerationModel):
         logger.info("compiling code2wav's activations (torch.compile; cached on disk for later starts)")
         hidden = torch.zeros((2, self.model.config.hidden_size, 2), dtype=next(self.model.parameters()).dtype, device=self.device)
         try:
+            stack.run(hidden[:1, :, :1], [1], [None])
             stack.run(hidden, [2, 2], [None, None])
         except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager path gives the same samples
             logger.warning("code2wav runs eagerly: compiling its activations failed: %s", exc)

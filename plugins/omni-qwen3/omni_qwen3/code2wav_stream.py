@@ -273,15 +273,22 @@ class _Conv:
 
 
 class _Snake:
-    """A ``Qwen3OmniMoeSnakeBeta`` activation with its parameters' exponentials taken once."""
+    """A ``Qwen3OmniMoeSnakeBeta`` activation with its parameters' exponentials taken once.
+
+    It runs on the signal as ``[samples, C]`` rows (the channels-last memory of ``[B, C, 1, T]``,
+    no copy), so a compiled activation sees one dynamic size: 1 or more rows, two compiled graphs.
+    """
 
     def __init__(self, module: Any, function: Any) -> None:
-        self.alpha = module.alpha.detach().exp()[None, :, None, None]
-        self.inv_beta = (1.0 / (module.beta.detach().exp() + module.no_div_by_zero))[None, :, None, None]
+        self.alpha = module.alpha.detach().exp()
+        self.inv_beta = 1.0 / (module.beta.detach().exp() + module.no_div_by_zero)
         self.function = function
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.function(x, self.alpha, self.inv_beta)
+        rows, channels, _, samples = x.shape
+        flat = x.permute(0, 2, 3, 1).reshape(-1, channels)
+        out = self.function(flat, self.alpha, self.inv_beta)
+        return out.view(rows, 1, samples, channels).permute(0, 3, 1, 2)
 
 
 def _snake(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:

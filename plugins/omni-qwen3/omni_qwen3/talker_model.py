@@ -220,6 +220,8 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             for _ in model.layers
         ]
         hidden = torch.stack([past_hidden, code0_embeds], dim=1)
+        sampling = not bool(greedy.all())  # (before the move: no device sync)
+        greedy = greedy.to(past_hidden.device)
         start = 0
         codes = []
         for step in range(groups - 1):
@@ -228,7 +230,9 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
                 hidden = _predictor_layer(layer, hidden, cos[:, start : start + length], sin[:, start : start + length], kv, start)
             start += length
             logits = predictor.lm_head[step](model.norm(hidden[:, -1]))
-            code = torch.where(greedy.to(logits.device), logits.argmax(-1), _sample_top_k_top_p(logits))
+            code = logits.argmax(-1)
+            if sampling:  # (sampling costs as much as a predictor layer: only when a row samples)
+                code = torch.where(greedy, code, _sample_top_k_top_p(logits))
             codes.append(code)
             if step + 2 < groups:
                 hidden = model.codec_embedding[step](code)[:, None]
