@@ -2,6 +2,7 @@
 
     python -m bench.diffusion_profile --preset bench                                   # CPU
     python -m bench.diffusion_profile --device cuda --dtype bfloat16 --preset 1.2b     # GPU
+    python -m bench.diffusion_profile ... --quantization fp8   # the deploy option generator.quantization
 
 Loads the ``generator`` stage of a random Cosmos3 checkpoint (the one `bench/diffusion.py` writes)
 once per variant (``eager``; ``compiled``: the deploy option ``generator.compile``; ``graphs``:
@@ -31,7 +32,8 @@ import numpy as np
 from bench.diffusion import PRESETS, PROMPTS, FlopModel, matmul_ceiling, prompt_lengths, psnr, synchronize
 
 
-def load_runtime(model: str, device: str, dtype: str, concurrency: int, compiled: bool, graphs: bool = False) -> Any:
+def load_runtime(model: str, device: str, dtype: str, concurrency: int, compiled: bool, graphs: bool = False,
+                 quantization: str | None = None) -> Any:
     import omni_cosmos3.plugin
     from omni_core.config import resolve
     from omni_core.plugins import load_plugins
@@ -41,6 +43,8 @@ def load_runtime(model: str, device: str, dtype: str, concurrency: int, compiled
     overrides = [f"generator.max_num_seqs={concurrency}", "generator.admission_window_ms=0", "streaming=false",
                  f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compiled).lower()}",
                  f"generator.cuda_graphs={str(graphs).lower()}"]
+    if quantization:
+        overrides.append(f"generator.quantization={quantization}")
     pipeline = resolve(model, overrides=overrides, plugins=host)
     runtime = DiffusionStageRuntime(pipeline, pipeline.stage("generator"))
     runtime.load()
@@ -125,6 +129,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=4.0)
     parser.add_argument("--variants", default="eager,compiled,graphs", help="comma-separated: eager, compiled, graphs")
+    parser.add_argument("--quantization", default=None, help="a quantization resolver for the generator (e.g. fp8, int8); default none")
+    parser.add_argument("--reference-images", default=None, help="an .npz of images to compare against (PSNR): "
+                        "written from the first variant when missing, e.g. by an unquantized run")
     parser.add_argument("--kernels", action="store_true", help="also list the top kernels of two steps per variant")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out")
     parser.add_argument("--scratch", default="/tmp/omni-bench-ckpt")
@@ -137,16 +144,24 @@ def main() -> None:
 
         make_tiny(Path(model), preset.checkpoint, device=args.device, dtype=args.dtype)
     ceiling = matmul_ceiling(args.device, args.dtype, 8192 if args.device.startswith("cuda") else 1024)
-    lines = [f"# Diffusion stage profile, preset {args.preset}, {args.device} {args.dtype}, {n} requests x {steps} steps, "
-             f"{size}x{size}, CFG {args.guidance}", "", f"Matmul ceiling: {ceiling / 1e12:.1f} TFLOP/s.", "",
-             "| variant | load s | prepare s | start s | step ms (median) | step ms (first) | generator util per step % | "
-             "decode s | phases total s | runtime total s | runtime overhead s | images/s | min PSNR vs eager dB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    quant = args.quantization if args.quantization and args.quantization.lower() != "none" else None
+    label = f"+{quant}" if quant else ""
+    ref_path = Path(args.reference_images) if args.reference_images else None
     reference: list[Any] | None = None
+    if ref_path is not None and ref_path.exists():
+        with np.load(ref_path) as saved:
+            reference = [saved[k] for k in sorted(saved.files, key=int)]
+    against = f"reference {ref_path.name}" if ref_path is not None else "first variant"
+    lines = [f"# Diffusion stage profile, preset {args.preset}, {args.device} {args.dtype}, quantization {quant or 'none'}, "
+             f"{n} requests x {steps} steps, {size}x{size}, CFG {args.guidance}", "", f"Matmul ceiling: {ceiling / 1e12:.1f} TFLOP/s.", "",
+             "| variant | load s | prepare s | start s | step ms (median) | step ms (first) | generator util per step % | "
+             f"decode s | phases total s | runtime total s | runtime overhead s | images/s | min PSNR vs {against} dB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     kernel_tables = []
     for variant in args.variants.split(","):
         began = time.perf_counter()
-        runtime = load_runtime(model, args.device, args.dtype, n, compiled=variant != "eager", graphs=variant == "graphs")
+        runtime = load_runtime(model, args.device, args.dtype, n, compiled=variant != "eager", graphs=variant == "graphs",
+                               quantization=quant)
         load_s = time.perf_counter() - began
         pipe = runtime.model.pipe
         flops = FlopModel.from_pipe(pipe, size, size)
@@ -159,16 +174,21 @@ def main() -> None:
         step_ms = float(np.median(timed["steps"])) * 1e3
         phase_total = timed["prepare"] + timed["start"] + sum(timed["steps"]) + timed["decode"]
         if reference is None:
-            reference = timed["images"]
-        quality = min(psnr(a, b) for a, b in zip(reference, timed["images"]))
+            reference = [np.asarray(image) for image in timed["images"]]
+            if ref_path is not None:
+                ref_path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(ref_path, **{str(i): image for i, image in enumerate(reference)})
+        quality = min(psnr(np.asarray(a), np.asarray(b)) for a, b in zip(reference, timed["images"]))
+        # FlopModel counts nn.Linear weights only, and the ceiling is the dtype's: no utilisation for quantized linears.
+        util = "n/a" if quant else f"{100 * step_flops / (step_ms / 1e3) / ceiling:.1f}"
         lines.append(
-            f"| {variant} | {load_s:.1f} | {timed['prepare']:.3f} | {timed['start']:.3f} | {step_ms:.1f} | "
-            f"{timed['steps'][0] * 1e3:.1f} | {100 * step_flops / (step_ms / 1e3) / ceiling:.1f} | {timed['decode']:.3f} | "
+            f"| {variant}{label} | {load_s:.1f} | {timed['prepare']:.3f} | {timed['start']:.3f} | {step_ms:.1f} | "
+            f"{timed['steps'][0] * 1e3:.1f} | {util} | {timed['decode']:.3f} | "
             f"{phase_total:.2f} | {total:.2f} | {total - phase_total:.2f} | {n / total:.3f} | {quality:.1f} |"
         )
         print(lines[-1], flush=True)
         if args.kernels:
-            kernel_tables.append(f"\n## Top kernels, {variant}, two steps of {n} requests\n\n```\n"
+            kernel_tables.append(f"\n## Top kernels, {variant}{label}, two steps of {n} requests\n\n```\n"
                                  f"{top_kernels(runtime, n, size, steps, args.guidance, args.device)}\n```")
         runtime.close()
         del runtime, pipe
@@ -182,7 +202,7 @@ def main() -> None:
     text = "\n".join(lines + kernel_tables) + "\n"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"diffusion-profile-{args.preset}.md").write_text(text)
+    (out / f"diffusion-profile-{args.preset}{label.replace('+', '-')}.md").write_text(text)
     print(text)
 
 

@@ -46,7 +46,8 @@ def quantize_linears(module: torch.nn.Module, spec: dict[str, Any], skip: Callab
     """Replace the ``nn.Linear`` layers of `module` as `spec` says; return how many were replaced.
 
     Layers with fewer than ``spec["min_features"]`` input or output features stay as they are
-    (tiny projections gain nothing), as do those whose qualified name `skip` accepts.
+    (tiny projections gain nothing), as do those whose qualified name `skip` accepts and, for
+    ``fp8``, those with a dimension that is not a multiple of 16 (``torch._scaled_mm`` needs it).
     """
     import torch
 
@@ -70,6 +71,8 @@ def quantize_linears(module: torch.nn.Module, spec: dict[str, Any], skip: Callab
                 continue
             if min(layer.in_features, layer.out_features) < min_features or (skip is not None and skip(qualified)):
                 continue
+            if method == "fp8" and (layer.in_features % 16 or layer.out_features % 16):
+                continue  # torch._scaled_mm needs both dimensions of the weight to be multiples of 16
             setattr(child, child_name, cls.from_linear(layer))
             replaced += 1
     return replaced
@@ -138,7 +141,9 @@ def _fp8_class() -> type:
             shape = x.shape
             flat = x.reshape(-1, shape[-1])
             x_scale = (flat.abs().amax().float().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max).reshape(())
-            x_fp8 = (flat.float() / x_scale).to(torch.float8_e4m3fn)
+            # contiguous: a column-major view (e.g. a transposed activation) would stay column-major
+            # through the elementwise ops, and _scaled_mm takes only a row-major first operand.
+            x_fp8 = (flat.float() / x_scale).to(torch.float8_e4m3fn).contiguous()
             out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
             out = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.scale, out_dtype=out_dtype)
             out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
