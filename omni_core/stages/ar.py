@@ -321,6 +321,7 @@ class ARStageRuntime(StageRuntime):
             if self.engine is not None:
                 self.engine.abort_request([request.internal_id], internal=True)
         self._drop_side_inputs(request_id)
+        self._idle_if_empty()
 
     def has_unfinished(self) -> bool:
         return self.engine is not None and self.engine.has_unfinished_requests()
@@ -395,7 +396,6 @@ class ARStageRuntime(StageRuntime):
                     self._hold(request_id, request)
                 except InvalidRequestError as exc:  # e.g. the resumed prompt got too long
                     chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(exc)))
-        self._idle = not self._requests
         return chunks
 
     def _hold(self, request_id: str, request: _Request) -> None:
@@ -412,6 +412,11 @@ class ARStageRuntime(StageRuntime):
         if request is not None and request.internal_id is not None:
             self._by_internal.pop(request.internal_id, None)
         self._drop_side_inputs(request_id)
+        self._idle_if_empty()
+
+    def _idle_if_empty(self) -> None:
+        if not self._requests:  # nothing left: the next request opens a new admission window
+            self._idle, self._idle_since = True, None
 
     def _drop_side_inputs(self, request_id: str) -> None:
         if self.engine is not None and self.model_part is not None and self.model_part.capture_hidden_states:
