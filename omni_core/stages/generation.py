@@ -326,7 +326,17 @@ class GenerationStageRuntime(StageRuntime):
 
     def _advance(self, request: _Request, frames: int) -> None:
         request.emitted += frames
-        request.keep_from(self._context_start(request.emitted))
+        request.keep_from(self._still_needed(request.emitted))
+
+    def _still_needed(self, emitted: int) -> int:
+        """First buffered frame a later chunk may re-read: the next chunk's left context, or the
+        next segment's own context where that reaches further back (a short `left_context`)."""
+        model = self._loaded()
+        first = self._context_start(emitted)
+        if model.segment_size:
+            next_segment = self._segment_start(emitted) + model.segment_size
+            first = min(first, max(0, next_segment - model.segment_context))
+        return first
 
     def _fail(self, request_id: str, request: _Request, message: str) -> Chunk:
         del self._requests[request_id]

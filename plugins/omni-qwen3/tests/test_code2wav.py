@@ -198,3 +198,14 @@ def test_streams_at_different_points_batch_together(tiny_dir: Path, model: Any, 
     assert mixed  # at least one decode batched a first chunk with continued ones
     for rid, frames in codes.items():
         np.testing.assert_allclose(np.concatenate(out[rid]), decode_codes(model, frames.T), atol=1e-5)
+
+
+def test_frame_by_frame_across_a_segment_boundary(tiny_dir: Path, model: Any) -> None:
+    """Frames arriving one at a time, decoded in small chunks: the stage keeps the frames the next
+    segment's 25-frame context needs (more than its one frame of left context) and equals the
+    reference's segmented decode."""
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, model.config.code2wav_config.codebook_size, size=(4, 330))
+    stage_runtime = runtime(tiny_dir, streaming=True, first_chunk_size=2, chunk_size=8, max_chunk_size=100)
+    chunks = _stream_stepwise(stage_runtime, [codes.T[i : i + 1] for i in range(codes.shape[1])])
+    np.testing.assert_allclose(np.concatenate(chunks), decode_codes(model, codes), atol=1e-5)
