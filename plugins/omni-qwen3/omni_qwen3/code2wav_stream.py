@@ -240,11 +240,8 @@ class ConvStack:
         """`x` with each row's past `width` input samples in front; records the rows' next states."""
         rows, channels = x.shape[0], x.shape[1]
         joined = torch.empty((rows, channels, 1, width + x.shape[-1]), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-        for row, state in enumerate(states):
-            if state is None:
-                joined[row, :, :, :width] = 0
-            else:
-                joined[row, :, :, :width] = state.tensors[index]
+        zeros = x.new_zeros((channels, 1, width))
+        joined[..., :width] = torch.stack([zeros if state is None else state.tensors[index] for state in states])
         joined[..., width:] = x
         # Each row's last `width` real samples: [end, end + width) in joined coordinates.
         positions = torch.tensor(end, device=x.device)[:, None] + torch.arange(width, device=x.device)
