@@ -7,6 +7,11 @@ blocks on a slow worker. The worker's end reads its pipe directly: a blocking re
 a non-blocking drain between steps. Its writes may block while the pipe is full: that is the
 backpressure a worker should feel, and the engine's loop always reads.
 
+Both ends coalesce: a step's worth of messages (a worker's `batch`, one event-loop turn on the
+engine's end) goes out as one write. A step emits a message or two per request, and a system call
+per message was a visible share of a stage process's time; the reader takes several frames per
+read anyway.
+
 The pipes are `multiprocessing` connections because those are what a spawned child can inherit;
 only their file descriptors are used. The engine's end uses `loop.add_reader`/`add_writer` rather
 than asyncio's pipe transports because those are made by a coroutine, and a replica is started (or
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import pickle
@@ -25,7 +31,7 @@ import select
 import struct
 import threading
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +79,10 @@ class FrameDecoder:
 
 
 class WorkerChannel:
-    """The worker's end: an inbox (`get`, as `queue.SimpleQueue` has it) and `send`.
+    """The worker's end: an inbox (`get`, as `queue.SimpleQueue` has it), `send` and `batch`.
 
     `get` raises `queue.Empty` when it must not block and no whole message has arrived, and
-    `EOFError` once the engine's end is closed.
+    `EOFError` once the engine's end is closed. `send` may be called from any thread.
     """
 
     def __init__(self, incoming: Connection, outgoing: Connection) -> None:
@@ -89,6 +95,8 @@ class WorkerChannel:
         self._poll = select.poll()
         self._poll.register(self._read_fd, select.POLLIN)
         self._write_lock = threading.Lock()  # a runtime may report progress from its own threads
+        self._batches = 0  # open `batch` blocks; while any is, frames wait in `_held`
+        self._held: list[bytes] = []
 
     def get(self, block: bool = True) -> Any:
         while not self._received:
@@ -101,10 +109,38 @@ class WorkerChannel:
         return self._received.popleft()
 
     def send(self, message: Any) -> None:
-        frame = memoryview(encode(message))
+        """Write `message` now, or at the end of the open `batch` (it blocks while the pipe is full)."""
+        frame = encode(message)
         with self._write_lock:
-            while frame:
-                frame = frame[os.write(self._write_fd, frame) :]
+            if self._batches:
+                self._held.append(frame)
+            else:
+                self._write(frame)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold every `send` until the block ends, then write them all at once (blocks nest).
+
+        Sends from other threads meanwhile are held too, so the pipe carries messages in the order
+        `send` was called; the held ones are written even if the block raises.
+        """
+        with self._write_lock:
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._write_lock:
+                self._batches -= 1
+                if not self._batches and self._held:
+                    held = b"".join(self._held)
+                    self._held.clear()
+                    self._write(held)
+
+    def _write(self, data: bytes) -> None:
+        """Write all of `data`; the caller holds the write lock, so frames never interleave."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._write_fd, view) :]
 
     def close(self) -> None:
         self._incoming.close()
@@ -116,7 +152,9 @@ class EngineChannel:
 
     Every message from the worker is passed to `on_message` on the loop, in order. `send` must be
     called on the loop's thread; it never blocks, and after the worker has gone it drops the
-    message (whoever watches the process reports the death). Reading stops at end of file.
+    message (whoever watches the process reports the death). What is sent during one turn of the
+    loop is written together at the next (handling one read of worker messages sends several).
+    Reading stops at end of file.
     """
 
     def __init__(
@@ -133,7 +171,9 @@ class EngineChannel:
         self._write_fd = outgoing.fileno()
         self._on_message = on_message
         self._decoder = FrameDecoder()
-        self._unsent: collections.deque[memoryview] = collections.deque()
+        self._pending: list[bytes] = []  # frames sent this turn, written by `_write_pending`
+        self._pending_write: asyncio.Handle | None = None
+        self._unsent: collections.deque[memoryview] = collections.deque()  # not taken by the pipe yet: `_flush` writes it as it drains
         self._reading = True
         self._writing = True
         os.set_blocking(self._read_fd, False)
@@ -179,21 +219,34 @@ class EngineChannel:
     # -- engine -> worker ------------------------------------------------------------------------
 
     def send(self, message: Any) -> None:
+        """Queue `message`; the frames of this turn of the loop are written together soon after."""
         if not self._writing:
             return
-        frame = memoryview(encode(message))
+        self._pending.append(encode(message))
+        if self._pending_write is None:
+            self._pending_write = self._loop.call_soon(self._write_pending)
+
+    def _write_pending(self) -> None:
+        """Write the queued frames in one piece, behind whatever the pipe has not taken yet."""
+        if self._pending_write is not None:
+            self._pending_write.cancel()  # when `close` writes them before their turn
+            self._pending_write = None
+        if not self._pending:
+            return
+        data = memoryview(b"".join(self._pending))
+        self._pending.clear()
         if not self._unsent:
             try:
-                frame = frame[os.write(self._write_fd, frame) :]
+                data = data[os.write(self._write_fd, data) :]
             except BlockingIOError:
                 pass
             except OSError:  # BrokenPipeError: the worker is gone
                 self._stop_writing()
                 return
-            if not frame:
+            if not data:
                 return
             self._loop.add_writer(self._write_fd, self._flush)
-        self._unsent.append(frame)
+        self._unsent.append(data)
 
     def _flush(self) -> None:
         unsent = self._unsent
@@ -214,6 +267,10 @@ class EngineChannel:
     def _stop_writing(self) -> None:
         if self._writing:
             self._writing = False
+            self._pending.clear()
+            if self._pending_write is not None:
+                self._pending_write.cancel()
+                self._pending_write = None
             if self._unsent:
                 self._unsent.clear()
                 self._loop.remove_writer(self._write_fd)
@@ -221,12 +278,18 @@ class EngineChannel:
     @property
     def buffered_bytes(self) -> int:
         """Bytes sent but not yet taken by the pipe."""
-        return sum(len(frame) for frame in self._unsent)
+        return sum(len(frame) for frame in self._pending) + sum(len(frame) for frame in self._unsent)
 
     # -- lifetime --------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop reading and writing (unsent messages are dropped) and close the pipes; idempotent."""
+        """Stop reading and writing and close the pipes; idempotent.
+
+        This turn's messages are written first, as far as the pipe takes them without blocking (a
+        `Shutdown` sent just before still arrives); what it does not take is dropped.
+        """
+        if self._writing:
+            self._write_pending()
         self._stop_reading()
         self._stop_writing()
         self._incoming.close()

@@ -123,7 +123,7 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
         stage = attrs.evolve(stage, devices=tuple(f"cuda:{next(local)}" if d.startswith("cuda:") else d for d in stage.devices))
     connectors = build_connectors(stage_connector_keys(pipeline, stage))
     channel = WorkerChannel(incoming, outgoing)
-    worker = StageWorker(pipeline, stage, index, connectors, channel.send)
+    worker = StageWorker(pipeline, stage, index, connectors, channel.send, channel.batch)
     try:
         worker.run(channel)
     finally:

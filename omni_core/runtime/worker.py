@@ -7,6 +7,7 @@ requests join the running batch at the next step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -61,7 +62,9 @@ class StageWorker:
 
     `connectors` maps a source/target key to the connector instance this worker uses: incoming edges
     by ``"src->this"``, outgoing edges by ``"this->dst"``, ``"request"`` for request input and
-    ``"output"`` for user-facing output.
+    ``"output"`` for user-facing output. `batch` opens a block whose `send`s may be written together
+    (`WorkerChannel.batch`): the worker routes a step's chunks, and handles the messages it drained,
+    inside one.
     """
 
     def __init__(
@@ -71,12 +74,14 @@ class StageWorker:
         replica: int,
         connectors: dict[str, Connector],
         send: Callable[[Any], None],
+        batch: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
         self.replica = replica
         self.connectors = connectors
         self.send = send
+        self.batch = batch
         self.adapters = {
             edge.source: (load_ref(edge.adapter)(pipeline, edge) if edge.adapter else PassThroughAdapter())
             for edge in stage.inputs
@@ -101,10 +106,12 @@ class StageWorker:
             while True:
                 assert self.runtime is not None
                 busy = self.runtime.has_unfinished()
-                for message in self._drain(inbox, block=not busy):
-                    if isinstance(message, m.Shutdown):
-                        return
-                    self._handle(message)
+                messages = self._drain(inbox, block=not busy)  # outside the batch: this may block
+                with self.batch():
+                    for message in messages:
+                        if isinstance(message, m.Shutdown):
+                            return
+                        self._handle(message)
                 if self.runtime.has_unfinished():
                     self._step()
         finally:
@@ -204,8 +211,9 @@ class StageWorker:
         except Exception as exc:
             self._stage_failed(exc)
             return
-        for chunk in chunks:
-            self._route(chunk)
+        with self.batch():
+            for chunk in chunks:
+                self._route(chunk)
 
     def _route(self, chunk: Chunk) -> None:
         state = self.requests.get(chunk.request_id)
