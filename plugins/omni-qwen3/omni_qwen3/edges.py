@@ -8,8 +8,9 @@ transformers' ``Qwen3OmniMoeForConditionalGeneration.generate`` builds it:
   ``accept_hidden_layer`` hidden state), then 9 assistant rows (``<|im_start|>assistant\\n``, four
   ``tts_pad``, ``tts_bos`` + the first generated token; plus codec ids nothink, think_bos,
   think_eos, speaker, pad, bos on the last six);
-- the trailing text: projected embeddings of generated tokens 1.. (the rows the thinker fed back)
-  then ``tts_eos``; the talker adds one per step, then ``tts_pad``;
+- the trailing text: the thinker's input embeddings of generated tokens 1.. (the rows it fed back)
+  then ``tts_eos``'s; the talker's model projects them (``text_projection``, a step's rows of all
+  requests in one call) and adds one per step, then ``tts_pad``;
 - for image (and video) prompts, the talker's 3-D M-RoPE positions: transformers' ``get_rope_index``
   on the talker's input ids with the thinker's ``image_grid_thw`` (sent in its first chunk).
 
@@ -45,8 +46,8 @@ class TalkerInput:
 
     prompt_embeds: torch.Tensor  # [P, H], without the speaker's codec embedding
     speaker_row: int
-    trailing: torch.Tensor  # [T, H]
-    tts_pad: torch.Tensor  # [H]
+    trailing: torch.Tensor  # [T, H_thinker]: thinker input embeddings, projected by the talker's model
+    tts_pad: torch.Tensor  # [H], projected
     input_ids: torch.Tensor  # [P] thinker ids of the user rows, tts_pad for the assistant rows
     mrope_positions: torch.Tensor | None = None  # [3, P] for multimodal (image/video) prompts
     mrope_delta: int = 0
@@ -65,8 +66,9 @@ def build_talker_input(
     `embeds` / `hidden` hold one row per token the thinker fed through its model: the prompt, then
     generated tokens (all but the last one once the thinker finished: ``[P + G - 1, H_thinker]``).
     Not `final`: the thinker goes on, and ``trailing`` holds the text rows so far, without
-    ``tts_eos``. `grids`: the thinker's ``image_grid_thw`` / ``video_grid_thw`` /
-    ``audio_feature_lengths``, for the M-RoPE positions.
+    ``tts_eos`` (unprojected: the talker's model projects them as it reads them). `grids`: the
+    thinker's ``image_grid_thw`` / ``video_grid_thw`` / ``audio_feature_lengths``, for the M-RoPE
+    positions.
     """
     import torch
 
@@ -100,11 +102,10 @@ def build_talker_input(
         starts = torch.nonzero((ids[:-1] == config["im_start_token_id"]) & (ids[1:] == config["assistant_token_id"])).flatten()
         if starts.numel() == 0:
             raise InvalidRequestError("the thinker prompt has no assistant turn to speak", param="messages")
-        assistant = weights.text_projection(embeds[int(starts[-1]) :])
-        special = weights.text_projection(
-            weights.thinker_embedding([config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]])
-        )
-        tts_bos, tts_eos, tts_pad = special[0:1], special[1:2], special[2:3]
+        start = int(starts[-1])
+        assistant = weights.text_projection(embeds[start : start + ASSISTANT_PREFIX + 1])
+        special = weights.text_projection(weights.thinker_embedding([config["tts_bos_token_id"], config["tts_pad_token_id"]]))
+        tts_bos, tts_pad = special[0:1], special[1:2]
         text_part = torch.cat(
             [assistant[:ASSISTANT_PREFIX], tts_pad.expand(4, -1), tts_bos, assistant[ASSISTANT_PREFIX : ASSISTANT_PREFIX + 1]]
         )
@@ -123,9 +124,9 @@ def build_talker_input(
         # The first generated token may be missing (it was the last one): slices then agree with
         # transformers', which slices the same short tensor.
         assistant_part = text_part + codec_part[: text_part.shape[0]]
-        trailing = assistant[ASSISTANT_PREFIX + 1 :]
+        trailing = embeds[start + ASSISTANT_PREFIX + 1 :]
         if final:
-            trailing = torch.cat([trailing, tts_eos])
+            trailing = torch.cat([trailing, weights.thinker_embedding([config["tts_eos_token_id"]])])
         prompt = torch.cat([user_rows, assistant_part])
         input_ids = torch.cat([ids[user], torch.full((assistant_part.shape[0],), config["tts_pad_token_id"])])
     positions, delta = talker_positions(config, input_ids, grids or {})
@@ -240,20 +241,17 @@ class ThinkerToTalker:
         return StageInput(data=out, final=chunk.final)
 
     def _more_text(self, state: dict[str, Any], final: bool) -> StageInput | None:
-        """Trailing text rows of the thinker's newly fed tokens (plus tts_eos at the end)."""
+        """Trailing text rows of the thinker's newly fed tokens (plus tts_eos's at the end)."""
         import torch
 
-        weights = self.weights()
-        parts = state.pop("thinker_embeds", [])
+        rows = [part.to(torch.float32) for part in state.pop("thinker_embeds", [])]
         state.pop("thinker_hidden", None)
-        with torch.inference_mode():
-            rows = [weights.text_projection(torch.cat(parts).to(torch.float32))] if parts else []
-            if final:
-                rows.append(weights.text_projection(weights.thinker_embedding([weights.config["tts_eos_token_id"]])))
+        if final:
+            weights = self.weights()
+            rows.append(weights.thinker_embedding([weights.config["tts_eos_token_id"]]))
         if not rows:
             return None
         return StageInput(data={"trailing": torch.cat(rows)}, final=final)
-
 
 GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "audio_feature_lengths")
 """First-chunk keys of the thinker (`omni_qwen3.thinker.ThinkerModel.prompt_info`) the talker's

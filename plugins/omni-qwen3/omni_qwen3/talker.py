@@ -119,9 +119,9 @@ class TalkerModel(ARModel):
 
     Its input (from `omni_qwen3.edges.ThinkerToTalker`): first ``prompt_embeds`` ``[P, H]`` without
     the speaker's codec embedding, ``speaker_row`` (where it goes), ``tts_pad`` ``[H]``, optional
-    ``mrope_positions`` ``[3, P]`` / ``mrope_delta``, and ``trailing`` ``[T, H]`` (the text rows
-    so far); then more ``trailing`` rows as the thinker streams, ending with ``tts_eos`` in the
-    final input. Step j feeds trailing row j, so with T rows and more to come the request may
+    ``mrope_positions`` ``[3, P]`` / ``mrope_delta``, and ``trailing`` ``[T, H_thinker]`` (the
+    text rows so far, unprojected: the model class projects them); then more ``trailing`` rows as
+    the thinker streams, ending with ``tts_eos``'s in the final input. Step j feeds trailing row j, so with T rows and more to come the request may
     sample T + 1 codec tokens (`token_budget`); the runtime holds it there until more text comes.
     The speaker is the ``speaker`` parameter.
     """
@@ -194,7 +194,7 @@ class TalkerModel(ARModel):
             if data.get(key) is not None:
                 side[key] = data[key]
         if side.get("trailing") is None:
-            side["trailing"] = torch.zeros((0, int(data["prompt_embeds"].shape[1])))
+            side["trailing"] = torch.zeros((0, int(self.config()["talker_config"]["thinker_hidden_size"])))
         return side
 
     def continuation_prompt(self, stage_input: StageInput, prompt_token_ids: list[int], generated: list[int]) -> dict[str, Any]:

@@ -6,7 +6,10 @@ vLLM samples codebook 0; this class adds what a codec frame needs on top, inside
 
 - For every generated codebook-0 token fed back (a decode row), the code predictor turns the
   previous step's final hidden state and that token's embedding into codebooks 1..N-1, decoded
-  with a key/value cache for all such rows of the batch at once.
+  with a key/value cache for all such rows of the batch at once. The predictor (`CodePredictor`)
+  is built from vLLM's layers (fused QKV and gate/up projections, the platform's GEMMs and
+  norms), with transformers' ``Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration``
+  as its reference (tests compare the codes).
 - The row's input embedding becomes the sum of the frame's codec embeddings plus the request's
   trailing text embedding for that step (`tts_pad` once the text ran out), as transformers'
   ``Qwen3OmniMoeTalkerForConditionalGeneration.prepare_inputs_for_generation`` builds it.
@@ -30,8 +33,17 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import torch
+from torch import nn
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.activation import get_act_fn
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import SupportsMRoPE
+from vllm.model_executor.models.qwen2 import Qwen2MLP
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.model_executor.models.utils import maybe_prefix
 
 from omni_core.stages.vllm_bridge import FIRST_PROMPT_LEN, RESUMED_TOKENS, CapturedRows, HiddenStateCapture
 
@@ -55,19 +67,11 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-            Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration,
-        )
-
         talker_config = vllm_config.model_config.hf_config
-        predictor_config = talker_config.code_predictor_config
-        predictor_config._attn_implementation = "sdpa"
         self.num_code_groups = int(talker_config.num_code_groups)
-        self.code_predictor = Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration._from_config(
-            predictor_config, dtype=vllm_config.model_config.dtype
-        )
-        self.code_predictor.eval()
-        self._predictor_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin of positions 0..N-1
+        self.code_predictor = CodePredictor(talker_config.code_predictor_config, prefix=maybe_prefix(prefix, "code_predictor"))
+        # The streamed thinker text rows are projected here, a step's rows of every request at once.
+        self.text_projection = _ResizeMLP(talker_config, prefix=maybe_prefix(prefix, "text_projection"))
 
     # --- vLLM hooks ---------------------------------------------------------------------------
 
@@ -85,8 +89,8 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
                 if not name.startswith("talker."):
                     continue
                 name = name[len("talker.") :]
-                if name.startswith(("text_projection.", "hidden_projection.")):
-                    continue  # used by the thinker -> talker edge adapter, not by the LM
+                if name.startswith("hidden_projection."):
+                    continue  # used by the thinker -> talker edge adapter (prompt rows), not by the LM
                 if name == "model.codec_embedding.weight":
                     name = "model.embed_tokens.weight"
                 elif name.startswith("codec_head."):
@@ -175,12 +179,13 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             first = torch.tensor(code0, device=embeds.device, dtype=torch.long)
             # The codebook-0 embeddings from the table, not from `inputs_embeds`: a resumed request's
             # last token arrives as a prompt row (a placeholder), not as a decode row.
-            residual = self._predict_residuals(past, self.model.embed_input_ids(first), torch.tensor(greedy))
+            residual = self.code_predictor(past, self.model.embed_input_ids(first), torch.tensor(greedy))
             for (req_id, _, index), frame in zip(new_rows, torch.cat([first[:, None], residual], dim=1)):
                 cached = self.omni_side(req_id)[_FRAMES]
                 assert index == len(cached)
                 cached.append(frame.cpu())
         frames: list[torch.Tensor] = []
+        spans: list[tuple[dict[str, Any], int, int, torch.Tensor]] = []  # (side inputs, first row, first generated index, frames)
         for req_id, row_start, row_end, pos_start in layout:
             state = self.omni_request_state(req_id)
             side = self.omni_side(req_id)
@@ -189,54 +194,42 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             first_row = max(row_start, row_start + prompt_len - pos_start)
             if first_row < row_end:
                 first_index = pos_start + (first_row - row_start) - prompt_len
-                frame_block = torch.stack(side[_FRAMES][first_index : first_index + row_end - first_row])
-                out[first_row - row_start :] = frame_block
-                embeds[first_row:row_end] = self._frame_embeds(frame_block.to(embeds.device)) + _text_rows(
-                    side, first_index, row_end - first_row, embeds
-                )
+                block = torch.stack(side[_FRAMES][first_index : first_index + row_end - first_row])
+                out[first_row - row_start :] = block
+                spans.append((side, first_row, first_index, block))
             frames.append(out)
+        if spans:
+            # One pass for every request's generated rows: codec embeddings plus projected text.
+            codes = torch.cat([block for *_, block in spans]).to(embeds.device)
+            rows = torch.cat([torch.arange(first, first + len(block)) for _, first, _, block in spans]).to(embeds.device)
+            text = self._text_rows([(side, index, len(block)) for side, _, index, block in spans], embeds)
+            embeds[rows] = self._frame_embeds(codes) + text
         return embeds, positions, frames
 
-    @torch.inference_mode()
-    def _predict_residuals(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-        """Codebooks 1..N-1 for each row, decoded with a key/value cache as the reference's
-        ``code_predictor.generate`` does: a 2-token prefill, then one token per codebook.
-
-        The transformers layers' own submodules do the math; the loop around them (a preallocated
-        cache of N positions, rotary tables computed once) avoids the model-level mask and cache
-        machinery, which costs more than the tiny predictor's arithmetic per call.
-        """
-        predictor = self.code_predictor
-        model = predictor.model
-        groups = self.num_code_groups
-        rows = past_hidden.shape[0]
-        if self._predictor_rope is None or self._predictor_rope[0].device != past_hidden.device:
-            positions = torch.arange(groups, device=past_hidden.device)[None]
-            self._predictor_rope = model.rotary_emb(past_hidden, positions)  # cos, sin [1, N, head_dim]
-        cos, sin = self._predictor_rope
-        first = model.layers[0].self_attn
-        cache = [
-            past_hidden.new_zeros((2, rows, model.config.num_key_value_heads, groups, first.head_dim))
-            for _ in model.layers
-        ]
-        hidden = torch.stack([past_hidden, code0_embeds], dim=1)
-        sampling = not bool(greedy.all())  # (before the move: no device sync)
-        greedy = greedy.to(past_hidden.device)
-        start = 0
-        codes = []
-        for step in range(groups - 1):
-            length = hidden.shape[1]
-            for layer, kv in zip(model.layers, cache):
-                hidden = _predictor_layer(layer, hidden, cos[:, start : start + length], sin[:, start : start + length], kv, start)
-            start += length
-            logits = predictor.lm_head[step](model.norm(hidden[:, -1]))
-            code = logits.argmax(-1)
-            if sampling:  # (sampling costs as much as a predictor layer: only when a row samples)
-                code = torch.where(greedy, code, _sample_top_k_top_p(logits))
-            codes.append(code)
-            if step + 2 < groups:
-                hidden = model.codec_embedding[step](code)[:, None]
-        return torch.stack(codes, dim=1)
+    def _text_rows(self, spans: list[tuple[dict[str, Any], int, int]], like: torch.Tensor) -> torch.Tensor:
+        """Trailing text embeddings of each span (side inputs, first generated index, count), in
+        order: the request's streamed thinker rows projected to the talker's width (all spans in one
+        call), then ``tts_pad`` past the end once the text is complete (before that the runtime
+        never lets a request get there)."""
+        parts = []
+        for side, first, count in spans:
+            trailing: torch.Tensor = side["trailing"]
+            if first + count > trailing.shape[0] and not side.get("text_final", True):
+                raise RuntimeError(
+                    f"talker step needs trailing text row {first + count - 1} but only {trailing.shape[0]} arrived: "
+                    "the token budget should have held the request"
+                )
+            parts.append(trailing[first : first + max(0, min(count, trailing.shape[0] - first))])
+        raw = torch.cat(parts).to(like.device, like.dtype)
+        projected = self.text_projection(raw) if raw.shape[0] else raw.new_zeros((0, like.shape[1]))
+        out, offset = [], 0
+        for (side, _, count), part in zip(spans, parts):
+            available = part.shape[0]
+            out.append(projected[offset : offset + available])
+            offset += available
+            if available < count:
+                out.append(side["tts_pad"].to(like.device, like.dtype).view(1, -1).expand(count - available, -1))
+        return torch.cat(out)
 
     def _frame_embeds(self, frames: torch.Tensor) -> torch.Tensor:
         """Sum of a frame's codec embeddings: the talker's for codebook 0, the predictor's for the rest."""
@@ -247,27 +240,164 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
 
 
 
-def _predictor_layer(layer: Any, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, start: int) -> torch.Tensor:
-    """One code-predictor decoder layer over new positions [start, start+T), caching their keys and values."""
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
+class CodePredictor(nn.Module):
+    """The talker's code predictor on vLLM layers: codebooks 1..N-1 of a frame from the talker's
+    last hidden state and the frame's codebook-0 embedding.
 
-    attn = layer.self_attn
-    rows, length, _ = hidden.shape
-    normed = layer.input_layernorm(hidden)
-    shape = (rows, length, -1, attn.head_dim)
-    q = attn.q_norm(attn.q_proj(normed).view(shape)).transpose(1, 2)
-    k = attn.k_norm(attn.k_proj(normed).view(shape)).transpose(1, 2)
-    v = attn.v_proj(normed).view(shape).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    end = start + length
-    kv[0][:, :, start:end] = k
-    kv[1][:, :, start:end] = v
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, kv[0][:, :, :end], kv[1][:, :, :end], is_causal=length > 1, scale=attn.scaling,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
-    hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(rows, length, -1))
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    Parameter names follow the checkpoint's ``talker.code_predictor.*`` (q/k/v and gate/up are
+    loaded into fused projections). It decodes the way the reference's ``generate`` does: a
+    2-token prefill, then one token per codebook, each step's keys and values kept in a cache of
+    N positions for all rows at once; transformers' own model-level mask and cache machinery
+    would cost more than this small model's arithmetic.
+    """
+
+    def __init__(self, config: Any, prefix: str = "") -> None:
+        super().__init__()
+        self.config = config
+        self.num_code_groups = int(config.num_code_groups)
+        self.model = _PredictorModel(config, prefix=f"{prefix}.model")
+        self.lm_head = nn.ModuleList(
+            ReplicatedLinear(config.hidden_size, config.vocab_size, bias=False, prefix=f"{prefix}.lm_head.{i}")
+            for i in range(self.num_code_groups - 1)
+        )
+        first = self.model.layers[0].self_attn
+        self.rotary_emb = get_rope(first.head_dim, max_position=self.num_code_groups, rope_parameters=_rope_parameters(config))
+
+    @torch.inference_mode()
+    def forward(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+        """Codes ``[rows, N - 1]``: greedy rows take the argmax, the others sample (`greedy` [rows])."""
+        model = self.model
+        rows, groups = past_hidden.shape[0], self.num_code_groups
+        attn = model.layers[0].self_attn
+        cache = [past_hidden.new_zeros((2, rows, attn.num_kv_heads, groups, attn.head_dim)) for _ in model.layers]
+        hidden = torch.stack([past_hidden, code0_embeds], dim=1).flatten(0, 1)  # [rows * length, H]
+        sampling = not bool(greedy.all())  # (before the move: no device sync)
+        greedy = greedy.to(past_hidden.device)
+        start, length = 0, 2
+        codes = []
+        for step in range(groups - 1):
+            positions = torch.arange(start, start + length, device=hidden.device).repeat(rows)
+            for layer, kv in zip(model.layers, cache):
+                hidden = layer(hidden, positions, self.rotary_emb, kv, rows, start)
+            last = hidden.view(rows, length, -1)[:, -1]
+            logits, _ = self.lm_head[step](model.norm(last.contiguous()))
+            code = logits.argmax(-1)
+            if sampling:  # (sampling costs as much as a predictor layer: only when a row samples)
+                code = torch.where(greedy, code, _sample_top_k_top_p(logits))
+            codes.append(code)
+            if step + 2 < groups:
+                hidden = model.codec_embedding[step](code)
+            start, length = start + length, 1
+        return torch.stack(codes, dim=1)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb." in name:
+                continue  # (computed, not loaded)
+            for fused, part, shard in _FUSED_PARTS:
+                if f".{part}." in name:
+                    name = name.replace(f".{part}.", f".{fused}.")
+                    params[name].weight_loader(params[name], tensor, shard)
+                    break
+            else:
+                param = params[name]
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(name)
+        return loaded
+
+
+# (fused parameter, checkpoint part, shard) of the code predictor's fused projections.
+_FUSED_PARTS = (
+    ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
+)
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    parameters = getattr(config, "rope_parameters", None) or {}
+    if "rope_theta" not in parameters:  # (older configs: a top-level rope_theta)
+        parameters = {"rope_type": "default", **parameters, "rope_theta": getattr(config, "rope_theta", 10000.0)}
+    return dict(parameters)
+
+
+class _ResizeMLP(nn.Module):
+    """transformers' ``Qwen3OmniMoeTalkerResizeMLP`` on vLLM layers: thinker rows -> talker width."""
+
+    def __init__(self, config: Any, prefix: str) -> None:
+        super().__init__()
+        text = config.text_config
+        self.linear_fc1 = ReplicatedLinear(config.thinker_hidden_size, text.intermediate_size, bias=True, prefix=f"{prefix}.linear_fc1")
+        self.linear_fc2 = ReplicatedLinear(text.intermediate_size, text.hidden_size, bias=True, prefix=f"{prefix}.linear_fc2")
+        self.act_fn = get_act_fn(text.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.linear_fc1(x)
+        out, _ = self.linear_fc2(self.act_fn(hidden))
+        return out
+
+
+class _PredictorModel(nn.Module):
+    def __init__(self, config: Any, prefix: str) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_PredictorLayer(config, prefix=f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(config.vocab_size, config.hidden_size) for _ in range(int(config.num_code_groups) - 1)
+        )
+
+
+class _PredictorAttention(nn.Module):
+    def __init__(self, config: Any, prefix: str) -> None:
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        hidden = config.hidden_size
+        self.head_dim = int(getattr(config, "head_dim", None) or hidden // config.num_attention_heads)
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = max(1, config.num_key_value_heads // tp)
+        self.scaling = self.head_dim**-0.5
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = QKVParallelLinear(
+            hidden, self.head_dim, config.num_attention_heads, config.num_key_value_heads, bias=bias, prefix=f"{prefix}.qkv_proj"
+        )
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden, bias=bias, prefix=f"{prefix}.o_proj")
+        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Any, kv: torch.Tensor, rows: int, start: int) -> torch.Tensor:
+        """Attention of new positions [start, start + length) of each row ([rows * length, H]),
+        caching their keys and values in `kv` [2, rows, kv_heads, N, head_dim]."""
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv, _ = self.qkv_proj(x)
+        q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        q = self.q_norm(q.reshape(-1, heads, dim)).view(-1, heads * dim)
+        k = self.k_norm(k.reshape(-1, kv_heads, dim)).view(-1, kv_heads * dim)
+        q, k = rotary(positions, q, k)
+        length = x.shape[0] // rows
+        end = start + length
+        kv[0][:, :, start:end] = k.view(rows, length, kv_heads, dim).transpose(1, 2)
+        kv[1][:, :, start:end] = v.reshape(rows, length, kv_heads, dim).transpose(1, 2)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.view(rows, length, heads, dim).transpose(1, 2), kv[0][:, :, :end], kv[1][:, :, :end],
+            is_causal=length > 1, scale=self.scaling, enable_gqa=heads != kv_heads,
+        )
+        out, _ = self.o_proj(out.transpose(1, 2).reshape(rows * length, heads * dim))
+        return out
+
+
+class _PredictorLayer(nn.Module):
+    def __init__(self, config: Any, prefix: str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = _PredictorAttention(config, prefix=f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, config.hidden_act, prefix=f"{prefix}.mlp")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Any, kv: torch.Tensor, rows: int, start: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv, rows, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
 
 
 def _prompt_len(state: Any, side: dict[str, Any]) -> int:
@@ -285,23 +415,6 @@ def _generated_token(state: Any, side: dict[str, Any], index: int) -> int:
     if index < len(resumed):
         return int(resumed[index])
     return int(state.output_token_ids[index - len(resumed)])
-
-
-def _text_rows(side: dict[str, Any], first: int, count: int, like: torch.Tensor) -> torch.Tensor:
-    """Trailing text embeddings for generated indexes [first, first+count); tts_pad past the end
-    once the text is complete (before that the runtime never lets a request get there)."""
-    trailing: torch.Tensor = side["trailing"]
-    pad: torch.Tensor = side["tts_pad"]
-    if first + count > trailing.shape[0] and not side.get("text_final", True):
-        raise RuntimeError(
-            f"talker step needs trailing text row {first + count - 1} but only {trailing.shape[0]} arrived: "
-            "the token budget should have held the request"
-        )
-    out = pad.to(like.device, like.dtype).view(1, -1).expand(count, -1).clone()
-    available = max(0, min(count, trailing.shape[0] - first))
-    if available:
-        out[:available] = trailing[first : first + available].to(like.device, like.dtype)
-    return out
 
 
 def _mrope_rows(prompt_positions: torch.Tensor, delta: int, start: int, count: int) -> torch.Tensor:
