@@ -7,6 +7,7 @@ transformers' own thinker generate on the tiny checkpoint, as ``generate`` feeds
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -235,3 +236,24 @@ def test_unknown_speaker_is_rejected(talker: Any, cases: Any) -> None:
     with pytest.raises(InvalidRequestError, match="speaker"):
         runtime.add_request("nobody", _talker_input(adapter, cases["text"][1], speaker="Nobody"))
     assert not runtime.has_unfinished()
+
+
+def test_sampled_request_next_to_a_greedy_one(talker: Any, cases: Any, tiny_dir: Path) -> None:
+    """A sampling request (the code predictor samples its rows too) in the batch of a greedy one: the
+    greedy request keeps the reference's codes; the sampled one gives valid, different codes."""
+    runtime, adapter = talker
+    ref, chunk = cases["text"]
+    codes = _run(
+        runtime,
+        {
+            "greedy": _talker_input(adapter, chunk),
+            "sampled": _talker_input(adapter, chunk, temperature=0.9, top_k=50, seed=1),
+        },
+    )
+    np.testing.assert_array_equal(codes["greedy"], ref.codes)
+    sampled = codes["sampled"]
+    assert sampled.shape[0] == ref.codes.shape[0] and sampled.shape[1] > 0
+    config = json.loads((tiny_dir / "config.json").read_text())["talker_config"]
+    assert 0 <= sampled.min() and sampled[0].max() < config["text_config"]["vocab_size"]
+    assert sampled[1:].max() < config["code_predictor_config"]["vocab_size"]
+    assert not np.array_equal(sampled[:, : ref.codes.shape[1]], ref.codes[:, : sampled.shape[1]])
