@@ -86,6 +86,12 @@ class _Request:
     held: bool = False  # at its token budget, out of vLLM until more input comes
 
 
+def _seeded_sampling(params: dict[str, Any]) -> bool:
+    """Whether a request samples (temperature above 0; vLLM's default is 1) with a fixed seed."""
+    temperature = params.get("temperature")
+    return params.get("seed") is not None and (temperature is None or float(temperature) > 0)
+
+
 def load_model_part(ref: str) -> ARModel:
     """Load a stage's `model` reference: an `ARModel` instance, or a factory/class returning one."""
     obj = load_ref(ref)
@@ -112,7 +118,8 @@ class ARStageRuntime(StageRuntime):
     waits for it) until more input arrives; it resumes as a new vLLM request whose prompt is the
     first prompt plus the tokens generated so far (`continuation_prompt`), under the same request
     key for its side inputs. Resuming re-prefills those tokens: the minimum trades latency for
-    fewer resumptions.
+    fewer resumptions. A request that samples with a seed runs once, on its whole input, so that
+    its samples follow the seed.
     """
 
     Options = AROptions
@@ -245,10 +252,17 @@ class ARStageRuntime(StageRuntime):
             vllm_bridge.update_side_inputs(self._engine(), request_id, side)
 
     def _run_if_ready(self, request_id: str, request: _Request) -> None:
-        """(Re)start a streamed-input request in vLLM when its input allows enough tokens."""
+        """(Re)start a streamed-input request in vLLM when its input allows enough tokens.
+
+        A request that samples with a seed waits for its whole input instead: vLLM seeds a
+        request's generator afresh on every run, so a resumed run would draw other samples than
+        one run does, and the result would depend on when the input arrived.
+        """
         budget = self._model().token_budget(request.data, request.input_final)
         if budget is None:
             self._start(request_id, request)
+            return
+        if _seeded_sampling(request.params):
             return
         room = budget - len(request.generated)
         if room >= self.options.streamed_input_min_tokens or (request.input_final and room > 0):

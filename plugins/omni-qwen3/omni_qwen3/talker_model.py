@@ -158,6 +158,7 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         new_rows: list[tuple[str, int, int]] = []  # (request, row, generated index) needing a frame
         code0: list[int] = []
         greedy: list[bool] = []
+        generators: list[torch.Generator | None] = []
         for req_id, row_start, row_end, pos_start in layout:
             state = self.omni_request_state(req_id)
             side = self.omni_side(req_id)
@@ -174,12 +175,13 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
                     new_rows.append((req_id, row, index))
                     code0.append(_generated_token(state, side, index))
                     greedy.append(float(getattr(state.sampling_params, "temperature", 0.0) or 0.0) <= 0.0)
+                    generators.append(getattr(state, "generator", None))  # a seeded request's own
         if new_rows:
             past = torch.stack([self.omni_side(req_id)[_LAST_HIDDEN] for req_id, _, _ in new_rows])
             first = torch.tensor(code0, device=embeds.device, dtype=torch.long)
             # The codebook-0 embeddings from the table, not from `inputs_embeds`: a resumed request's
             # last token arrives as a prompt row (a placeholder), not as a decode row.
-            residual = self.code_predictor(past, self.model.embed_input_ids(first), torch.tensor(greedy))
+            residual = self.code_predictor(past, self.model.embed_input_ids(first), torch.tensor(greedy), generators)
             for (req_id, _, index), frame in zip(new_rows, torch.cat([first[:, None], residual], dim=1)):
                 cached = self.omni_side(req_id)[_FRAMES]
                 assert index == len(cached)
@@ -264,8 +266,12 @@ class CodePredictor(nn.Module):
         self.rotary_emb = get_rope(first.head_dim, max_position=self.num_code_groups, rope_parameters=_rope_parameters(config))
 
     @torch.inference_mode()
-    def forward(self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-        """Codes ``[rows, N - 1]``: greedy rows take the argmax, the others sample (`greedy` [rows])."""
+    def forward(
+        self, past_hidden: torch.Tensor, code0_embeds: torch.Tensor, greedy: torch.Tensor,
+        generators: list[torch.Generator | None] | None = None,
+    ) -> torch.Tensor:
+        """Codes ``[rows, N - 1]``: greedy rows take the argmax, the others sample (`greedy` [rows]),
+        from their request's generator where it has one (`generators`, a seeded request's)."""
         model = self.model
         rows, groups = past_hidden.shape[0], self.num_code_groups
         attn = model.layers[0].self_attn
@@ -283,7 +289,7 @@ class CodePredictor(nn.Module):
             logits, _ = self.lm_head[step](model.norm(last.contiguous()))
             code = logits.argmax(-1)
             if sampling:  # (sampling costs as much as a predictor layer: only when a row samples)
-                code = torch.where(greedy, code, _sample_top_k_top_p(logits))
+                code = torch.where(greedy, code, _sample_top_k_top_p(logits, generators))
             codes.append(code)
             if step + 2 < groups:
                 hidden = model.codec_embedding[step](code)
@@ -426,13 +432,20 @@ def _mrope_rows(prompt_positions: torch.Tensor, delta: int, start: int, count: i
     return out
 
 
-def _sample_top_k_top_p(logits: torch.Tensor, top_k: int = 50, top_p: float = 0.8) -> torch.Tensor:
-    """The code predictor's sampling when the talker samples (transformers: top_k 50, top_p 0.8)."""
+def _sample_top_k_top_p(
+    logits: torch.Tensor, generators: list[torch.Generator | None] | None = None, top_k: int = 50, top_p: float = 0.8
+) -> torch.Tensor:
+    """The code predictor's sampling when the talker samples (transformers: top_k 50, top_p 0.8);
+    rows with a generator draw from it, one row at a time."""
     values, indices = logits.float().topk(min(top_k, logits.shape[-1]), dim=-1)
     probs = values.softmax(-1)
     keep = probs.cumsum(-1) - probs < top_p
     probs = torch.where(keep, probs, torch.zeros_like(probs))
-    choice = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1)
+    probs = probs / probs.sum(-1, keepdim=True)
+    if generators is not None and any(g is not None for g in generators):
+        choice = torch.stack([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generators)])
+    else:
+        choice = torch.multinomial(probs, 1)
     return indices.gather(-1, choice).squeeze(-1)
 
 

@@ -257,3 +257,35 @@ def test_sampled_request_next_to_a_greedy_one(talker: Any, cases: Any, tiny_dir:
     assert 0 <= sampled.min() and sampled[0].max() < config["text_config"]["vocab_size"]
     assert sampled[1:].max() < config["code_predictor_config"]["vocab_size"]
     assert not np.array_equal(sampled[:, : ref.codes.shape[1]], ref.codes[:, : sampled.shape[1]])
+
+
+def test_seeded_sampling_does_not_depend_on_streaming(talker: Any, cases: Any) -> None:
+    """A sampling request with a seed gives the same codes (every codebook) run again, and fed per
+    thinker token: it waits for its whole text rather than being resumed (vLLM would re-seed each
+    run), and the code predictor samples from the request's own generator."""
+    runtime, adapter = talker
+    _, chunk = cases["text"]
+    seeded = {"temperature": 0.9, "top_k": 50, "seed": 7}
+    whole = _run(runtime, {"whole": _talker_input(adapter, chunk, **seeded)})["whole"]
+    assert np.array_equal(_run(runtime, {"again": _talker_input(adapter, chunk, **seeded)})["again"], whole)
+    state: dict[str, Any] = {}
+    parts: list[torch.Tensor] = []
+    started = False
+    for piece in _split_like_the_thinker(chunk):
+        stage_input = adapter.on_chunk(state, piece)
+        if stage_input is None:
+            continue
+        if not started:
+            stage_input.params = {"max_tokens": MAX_FRAMES, "speaker": "Ethan", **seeded}
+            runtime.add_request("streamed", stage_input)
+            started = True
+        else:
+            runtime.extend_request("streamed", stage_input)
+        for out in runtime.step() if runtime.has_unfinished() else []:
+            assert out.error is None, out.error
+            parts.append(out.data["codes"])
+    while runtime.has_unfinished():
+        parts.extend(out.data["codes"] for out in runtime.step())
+    np.testing.assert_array_equal(torch.cat(parts).T.numpy(), whole)
+    other = _run(runtime, {"other": _talker_input(adapter, chunk, **{**seeded, "seed": 8})})["other"]
+    assert not np.array_equal(other[:, : whole.shape[1]], whole[:, : other.shape[1]])
