@@ -169,7 +169,9 @@ class Orchestrator:
         if isinstance(message, m.Emit):
             self._on_emit(stage_name, message)
         elif isinstance(message, m.RequestFailed):
-            error: OmniError = InvalidRequestError(message.message) if message.invalid else StageError(stage_name, message.message)
+            error: OmniError = (
+                InvalidRequestError(message.message, param=message.param) if message.invalid else StageError(stage_name, message.message)
+            )
             self.fail(message.request_id, error)
         elif isinstance(message, m.StageFailed):
             for request_id in message.request_ids:

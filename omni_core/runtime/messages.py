@@ -83,11 +83,13 @@ class Emit(_Message):
 
 @attrs.frozen
 class RequestFailed(_Message):
-    """One request failed in this stage; `invalid` marks bad input (a client error)."""
+    """One request failed in this stage; `invalid` marks bad input (a client error), and `param`
+    names the offending request field where the stage knows it."""
 
     request_id: str
     message: str
     invalid: bool = False
+    param: str | None = None
 
 
 @attrs.frozen

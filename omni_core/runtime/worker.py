@@ -176,7 +176,7 @@ class StageWorker:
             else:
                 self.runtime.extend_request(message.request_id, stage_input)
         except InvalidRequestError as exc:
-            self._fail_request(message.request_id, str(exc), invalid=True)
+            self._fail_request(message.request_id, str(exc), invalid=True, param=exc.param)
         except Exception as exc:  # an adapter or runtime bug must not take the worker down
             logger.exception("stage %s: input of request %s failed", self.stage.name, message.request_id)
             self._fail_request(message.request_id, f"{type(exc).__name__}: {exc}")
@@ -189,12 +189,12 @@ class StageWorker:
         edge_state = state.edge_states.setdefault(message.source, {})
         return self.adapters[message.source].on_chunk(edge_state, chunk)
 
-    def _fail_request(self, request_id: str, message: str, invalid: bool = False) -> None:
+    def _fail_request(self, request_id: str, message: str, invalid: bool = False, param: str | None = None) -> None:
         if request_id in self.requests:
             assert self.runtime is not None
             self.runtime.abort_request(request_id)
             self._forget(request_id)
-        self.send(m.RequestFailed(request_id, message, invalid))
+        self.send(m.RequestFailed(request_id, message, invalid, param))
 
     def _forget(self, request_id: str) -> None:
         state = self.requests.pop(request_id, None)

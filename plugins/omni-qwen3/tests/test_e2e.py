@@ -221,6 +221,8 @@ BAD_REQUESTS: dict[str, tuple[OmniRequest, str]] = {
     "bad sampling parameter": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"thinker": {"top_p": 5.0}}), "top_p"),
     "unknown voice": (OmniRequest(prompt="hi", modalities=("text", "audio"), extra={"voice": "Nobody"}), "voice"),
 }
+# The request field each names (OpenAI error bodies carry it), also from inside a stage process.
+BAD_PARAMS = {"prompt longer than the context": "messages", "bad sampling parameter": "top_p", "unknown voice": "voice"}
 
 
 def test_bad_inputs_fail_alone(omni: Omni, alone: dict[str, Outcome]) -> None:
@@ -229,8 +231,10 @@ def test_bad_inputs_fail_alone(omni: Omni, alone: dict[str, Outcome]) -> None:
         good = pool.submit(run, omni, [request("audio")])
         bad = {name: pool.submit(omni.generate, r) for name, (r, _) in BAD_REQUESTS.items()}
         for name, future in bad.items():
-            with pytest.raises(InvalidRequestError, match=BAD_REQUESTS[name][1]):
+            with pytest.raises(InvalidRequestError, match=BAD_REQUESTS[name][1]) as info:
                 future.result(timeout=120)
+            if name in BAD_PARAMS:
+                assert info.value.param == BAD_PARAMS[name], name
         (outcome,) = good.result(timeout=300)
     assert_same(outcome, alone["audio"], "good request next to bad ones")
     # The engine still serves afterwards.
