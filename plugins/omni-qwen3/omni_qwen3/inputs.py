@@ -85,7 +85,10 @@ class Qwen3OmniInputProcessor:
         if media:
             data["multi_modal_data"] = media
         inputs = {THINKER: StageInput(data=data)}
-        if TALKER in self.stage_names:
+        # The voice (``voice``, else the default) sets the talker's speaker, unless the request
+        # chose a speaker in the talker's own parameters and no voice.
+        chosen = (request.params or {}).get(TALKER) or {}
+        if TALKER in self.stage_names and (request.extra.get("voice") is not None or chosen.get("speaker") is None):
             inputs[TALKER] = StageInput(params={"speaker": self._speaker(request)})
         return inputs
 

@@ -197,6 +197,17 @@ def test_eight_concurrent_requests_equal_alone(omni: Omni, alone: dict[str, Outc
     assert not np.array_equal(together[-1].codes, together[0].codes)  # Chelsie vs Ethan, same text
 
 
+def test_talker_speaker_parameter_chooses_the_voice(omni: Omni, alone: dict[str, Outcome]) -> None:
+    """The talker's ``speaker`` parameter (no ``voice``) picks the speaker as ``voice`` does."""
+    talker = {**GREEDY["talker"], "speaker": "Chelsie"}
+    by_voice, by_param = run(omni, [
+        OmniRequest(messages=OPENAI["text"], modalities=WITH_CODES, params=GREEDY, extra={"voice": "Chelsie"}),
+        OmniRequest(messages=OPENAI["text"], modalities=WITH_CODES, params={**GREEDY, "talker": talker}),
+    ])
+    assert_same(by_param, by_voice, "talker speaker parameter vs voice")
+    assert not np.array_equal(by_param.codes, alone["text"].codes)  # not the default voice
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 
@@ -220,9 +231,14 @@ BAD_REQUESTS: dict[str, tuple[OmniRequest, str]] = {
     # Rejected inside the thinker's worker process (vLLM's own check), not by the input processor.
     "bad sampling parameter": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"thinker": {"top_p": 5.0}}), "top_p"),
     "unknown voice": (OmniRequest(prompt="hi", modalities=("text", "audio"), extra={"voice": "Nobody"}), "voice"),
+    # Rejected inside the talker's worker process.
+    "unknown talker speaker": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"talker": {"speaker": "Nobody"}}), "speaker"),
 }
 # The request field each names (OpenAI error bodies carry it), also from inside a stage process.
-BAD_PARAMS = {"prompt longer than the context": "messages", "bad sampling parameter": "top_p", "unknown voice": "voice"}
+BAD_PARAMS = {
+    "prompt longer than the context": "messages", "bad sampling parameter": "top_p", "unknown voice": "voice",
+    "unknown talker speaker": "speaker",
+}
 
 
 def test_bad_inputs_fail_alone(omni: Omni, alone: dict[str, Outcome]) -> None:
