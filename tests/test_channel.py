@@ -13,6 +13,7 @@ import select
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import Iterator
 
 import pytest
 
@@ -144,10 +145,19 @@ async def test_a_worker_sees_end_of_file_when_the_engine_is_gone() -> None:
 # -- coalescing: one write per worker step, one per turn of the engine's loop ----------------------
 
 
-def test_a_batch_is_written_in_one_piece_at_its_end() -> None:
+@pytest.fixture
+def packet_worker() -> Iterator[tuple[WorkerChannel, int]]:
+    """A worker's channel writing into a `packet_pipe`, and that pipe's read end."""
     read_fd, outgoing = packet_pipe()
     incoming, _ = multiprocessing.Pipe(duplex=False)
     worker = WorkerChannel(incoming, outgoing)
+    yield worker, read_fd
+    worker.close()
+    os.close(read_fd)
+
+
+def test_a_batch_is_written_in_one_piece_at_its_end(packet_worker: tuple[WorkerChannel, int]) -> None:
+    worker, read_fd = packet_worker
     worker.send(m.Ready(1))
     assert read_one_write(read_fd) == [m.Ready(1)]  # outside a batch: at once
     sent = emits(16)  # a step with 16 requests in flight
@@ -159,14 +169,10 @@ def test_a_batch_is_written_in_one_piece_at_its_end() -> None:
     assert not readable(read_fd)
     worker.send(m.Pong(1, 16))
     assert read_one_write(read_fd) == [m.Pong(1, 16)]
-    worker.close()
-    os.close(read_fd)
 
 
-def test_a_send_from_another_thread_during_a_batch_keeps_its_place() -> None:
-    read_fd, outgoing = packet_pipe()
-    incoming, _ = multiprocessing.Pipe(duplex=False)
-    worker = WorkerChannel(incoming, outgoing)
+def test_a_send_from_another_thread_during_a_batch_keeps_its_place(packet_worker: tuple[WorkerChannel, int]) -> None:
+    worker, read_fd = packet_worker
     with worker.batch():
         worker.send(m.Progress("a", 0.1))
         other = threading.Thread(target=worker.send, args=(m.Progress("b", 0.2),))
@@ -175,14 +181,10 @@ def test_a_send_from_another_thread_during_a_batch_keeps_its_place() -> None:
         assert not other.is_alive()  # held, not waiting for the batch
         worker.send(m.Progress("c", 0.3))
     assert read_one_write(read_fd) == [m.Progress("a", 0.1), m.Progress("b", 0.2), m.Progress("c", 0.3)]
-    worker.close()
-    os.close(read_fd)
 
 
-def test_a_batch_that_raises_still_writes_what_it_held() -> None:
-    read_fd, outgoing = packet_pipe()
-    incoming, _ = multiprocessing.Pipe(duplex=False)
-    worker = WorkerChannel(incoming, outgoing)
+def test_a_batch_that_raises_still_writes_what_it_held(packet_worker: tuple[WorkerChannel, int]) -> None:
+    worker, read_fd = packet_worker
     with pytest.raises(RuntimeError), worker.batch():
         worker.send(m.RequestFailed("r0", "bad"))
         with worker.batch():  # nested: written with the outer one
@@ -190,8 +192,6 @@ def test_a_batch_that_raises_still_writes_what_it_held() -> None:
         assert not readable(read_fd)
         raise RuntimeError
     assert read_one_write(read_fd) == [m.RequestFailed("r0", "bad"), m.RequestFailed("r1", "bad")]
-    worker.close()
-    os.close(read_fd)
 
 
 async def test_threads_sending_during_batches_never_split_a_frame() -> None:
