@@ -253,6 +253,7 @@ class ThinkerToTalker:
             return None
         return StageInput(data={"trailing": torch.cat(rows)}, final=final)
 
+
 GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "audio_feature_lengths")
 """First-chunk keys of the thinker (`omni_qwen3.thinker.ThinkerModel.prompt_info`) the talker's
 positions need."""

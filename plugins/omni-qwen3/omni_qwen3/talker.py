@@ -121,8 +121,9 @@ class TalkerModel(ARModel):
     the speaker's codec embedding, ``speaker_row`` (where it goes), ``tts_pad`` ``[H]``, optional
     ``mrope_positions`` ``[3, P]`` / ``mrope_delta``, and ``trailing`` ``[T, H_thinker]`` (the
     text rows so far, unprojected: the model class projects them); then more ``trailing`` rows as
-    the thinker streams, ending with ``tts_eos``'s in the final input. Step j feeds trailing row j, so with T rows and more to come the request may
-    sample T + 1 codec tokens (`token_budget`); the runtime holds it there until more text comes.
+    the thinker streams, ending with ``tts_eos``'s in the final input. Step j feeds trailing row
+    j, so with T rows and more to come the request may sample T + 1 codec tokens
+    (`token_budget`); the runtime holds it there until more text comes.
     The speaker is the ``speaker`` parameter.
     """
 

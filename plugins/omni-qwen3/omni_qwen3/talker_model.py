@@ -241,7 +241,6 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         return total
 
 
-
 class CodePredictor(nn.Module):
     """The talker's code predictor on vLLM layers: codebooks 1..N-1 of a frame from the talker's
     last hidden state and the frame's codebook-0 embedding.
@@ -255,7 +254,6 @@ class CodePredictor(nn.Module):
 
     def __init__(self, config: Any, prefix: str = "") -> None:
         super().__init__()
-        self.config = config
         self.num_code_groups = int(config.num_code_groups)
         self.model = _PredictorModel(config, prefix=f"{prefix}.model")
         self.lm_head = nn.ModuleList(
@@ -403,7 +401,6 @@ class _PredictorLayer(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Any, kv: torch.Tensor, rows: int, start: int) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv, rows, start)
         return x + self.mlp(self.post_attention_layernorm(x))
-
 
 
 def _prompt_len(state: Any, side: dict[str, Any]) -> int:
