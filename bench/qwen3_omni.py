@@ -11,14 +11,19 @@ the same amount of text and audio per request.
   time, the way a transformers user serves it: a single worker that the same `concurrency`
   clients queue for. It returns everything at the end, so its TTFT and TTFP equal its E2EL.
 - The two run level by level, alternately and never at once (the machine may be shared).
+- `--rounds` times over (default 3): every round runs every level of both systems again. A level of
+  Omni lasts a few seconds, so one slow phase of a shared machine moves a single measurement by
+  20% or more; each ratio is taken within a round (both systems measured in the same minutes) and
+  the median over rounds is reported, with every round's value.
 
 Per concurrency level: TTFT (first text token), TTFP (first audio packet), E2EL (p50 over
 requests, seconds, from the client's submit, queueing included), RTF (E2EL / audio seconds, mean)
-and throughput (audio seconds produced per wall second), with Omni/reference ratios. The goals
-checked at the end: throughput >= 10x the reference at the highest concurrency; TTFP at
-concurrency 1 <= 1/10 of the reference's E2EL there; TTFP at 8 <= 2x TTFP at 1.
+and throughput (audio seconds produced per wall second), each the median over rounds, with
+Omni/reference ratios. The goals checked at the end: throughput >= 10x the reference at the
+highest concurrency; TTFP at concurrency 1 <= 1/10 of the reference's E2EL there; TTFP at 8 <= 2x
+TTFP at 1.
 
-    python bench/qwen3_omni.py [--size bench] [--concurrency 1 8 16] [--requests N]
+    python bench/qwen3_omni.py [--size bench] [--concurrency 1 8 16] [--requests N] [--rounds 3]
                                [--thinker-tokens 64] [--talker-tokens 64] [--set code2wav.chunk_size=25]
 """
 
@@ -74,6 +79,14 @@ class Level:
     @property
     def throughput(self) -> float:
         return sum(s.audio_s for s in self.samples) / self.wall_s
+
+
+@attrs.define
+class Round:
+    """Every level of both systems, measured once."""
+
+    omni: list[Level]
+    reference: list[Level]
 
 
 async def closed_loop(concurrency: int, requests: int, one: Callable[[int], Awaitable[Sample]]) -> tuple[list[Sample], float]:
@@ -163,26 +176,28 @@ def reference_client(model_dir: Path, args: argparse.Namespace) -> Callable[[int
     return one
 
 
-async def bench(model_dir: Path, args: argparse.Namespace) -> tuple[list[Level], list[Level]]:
-    """Both systems, level by level, one after the other (never at the same time).
+async def bench(model_dir: Path, args: argparse.Namespace) -> list[Round]:
+    """Both systems, level by level, one after the other (never at the same time), `args.rounds` times.
 
     Alternating per level keeps the comparison fair on a shared machine whose load drifts; the
     Omni engine stays up (idle) while the reference runs.
     """
     from omni_core.engine.offline import AsyncOmni
 
-    omni_levels: list[Level] = []
-    reference_levels: list[Level] = []
+    rounds: list[Round] = []
     async with AsyncOmni(str(model_dir), overrides=tuple(args.set)) as omni:
         systems = {"omni": omni_client(omni, args), "transformers": reference_client(model_dir, args)}
         for one in systems.values():
             await one(0)  # warm up (first-request work, lazy loads)
-        for concurrency in args.concurrency:
-            for system, one in systems.items():
-                samples, wall = await closed_loop(concurrency, requests_for(concurrency, args), one)
-                (omni_levels if system == "omni" else reference_levels).append(Level(system, concurrency, samples, wall))
-                print(f"{system} c={concurrency}: {len(samples)} requests in {wall:.1f} s", flush=True)
-    return omni_levels, reference_levels
+        for number in range(1, args.rounds + 1):
+            current = Round([], [])
+            for concurrency in args.concurrency:
+                for system, one in systems.items():
+                    samples, wall = await closed_loop(concurrency, requests_for(concurrency, args), one)
+                    (current.omni if system == "omni" else current.reference).append(Level(system, concurrency, samples, wall))
+                    print(f"round {number}/{args.rounds}, {system} c={concurrency}: {len(samples)} requests in {wall:.1f} s", flush=True)
+            rounds.append(current)
+    return rounds
 
 
 def requests_for(concurrency: int, args: argparse.Namespace) -> int:
@@ -192,38 +207,66 @@ def requests_for(concurrency: int, args: argparse.Namespace) -> int:
 # -- report ----------------------------------------------------------------------------------------
 
 
-def table(omni: list[Level], reference: list[Level]) -> str:
+def median_level(levels: list[Level]) -> dict[str, float]:
+    """A level's figures, each the median over rounds."""
+    figures = {field: statistics.median(level.p50(field) for level in levels) for field in ("ttft", "ttfp", "e2el")}
+    figures["rtf"] = statistics.median(level.rtf for level in levels)
+    figures["throughput"] = statistics.median(level.throughput for level in levels)
+    return figures
+
+
+def table(rounds: list[Round]) -> str:
     rows = [
         "| concurrency | system | TTFT p50 s | TTFP p50 s | E2EL p50 s | RTF | audio s/s |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for mine, ref in zip(omni, reference):
-        for level in (mine, ref):
+    for i, level in enumerate(rounds[0].omni):
+        mine = median_level([r.omni[i] for r in rounds])
+        ref = median_level([r.reference[i] for r in rounds])
+        for system, figures in (("omni", mine), ("transformers", ref)):
             rows.append(
-                f"| {level.concurrency} | {level.system} | {level.p50('ttft'):.2f} | {level.p50('ttfp'):.2f} | "
-                f"{level.p50('e2el'):.2f} | {level.rtf:.2f} | {level.throughput:.2f} |"
+                f"| {level.concurrency} | {system} | {figures['ttft']:.2f} | {figures['ttfp']:.2f} | "
+                f"{figures['e2el']:.2f} | {figures['rtf']:.2f} | {figures['throughput']:.2f} |"
             )
         rows.append(
-            f"| {mine.concurrency} | ratio omni/ref | {mine.p50('ttft') / ref.p50('ttft'):.3f} | "
-            f"{mine.p50('ttfp') / ref.p50('ttfp'):.3f} | {mine.p50('e2el') / ref.p50('e2el'):.3f} | "
-            f"{mine.rtf / ref.rtf:.3f} | {mine.throughput / ref.throughput:.2f}x |"
+            f"| {level.concurrency} | ratio omni/ref | {mine['ttft'] / ref['ttft']:.3f} | {mine['ttfp'] / ref['ttfp']:.3f} | "
+            f"{mine['e2el'] / ref['e2el']:.3f} | {mine['rtf'] / ref['rtf']:.3f} | {mine['throughput'] / ref['throughput']:.2f}x |"
         )
     return "\n".join(rows)
 
 
-def goals(omni: list[Level], reference: list[Level]) -> list[str]:
-    by_c = {level.concurrency: level for level in omni}
-    ref_by_c = {level.concurrency: level for level in reference}
-    top = max(by_c)
-    out = []
-    ratio = by_c[top].throughput / ref_by_c[top].throughput
-    out.append(f"throughput at concurrency {top}: {ratio:.2f}x the reference (goal >= 10x): {'met' if ratio >= 10 else 'NOT met'}")
-    low = min(by_c)
-    share = by_c[low].p50("ttfp") / ref_by_c[low].p50("e2el")
-    out.append(f"TTFP at concurrency {low} / reference E2EL: {share:.3f} (goal <= 0.1): {'met' if share <= 0.1 else 'NOT met'}")
-    if 1 in by_c and 8 in by_c:
-        growth = by_c[8].p50("ttfp") / by_c[1].p50("ttfp")
-        out.append(f"TTFP at concurrency 8 / at 1: {growth:.2f} (goal <= 2): {'met' if growth <= 2 else 'NOT met'}")
+def goals(rounds: list[Round]) -> list[str]:
+    """Each goal's ratio within every round (both systems in the same minutes), then the median."""
+
+    def verdict(name: str, values: list[float], goal: str, met: Callable[[float], bool], unit: str = "", digits: int = 2) -> str:
+        median = statistics.median(values)
+        each = ", ".join(f"{v:.{digits}f}{unit}" for v in values)
+        return f"{name}: {median:.{digits}f}{unit} (rounds: {each}; goal {goal}): {'met' if met(median) else 'NOT met'}"
+
+    def by_c(levels: list[Level]) -> dict[int, Level]:
+        return {level.concurrency: level for level in levels}
+
+    top, low = max(by_c(rounds[0].omni)), min(by_c(rounds[0].omni))
+    out = [
+        verdict(
+            f"throughput at concurrency {top} / the reference",
+            [by_c(r.omni)[top].throughput / by_c(r.reference)[top].throughput for r in rounds],
+            ">= 10x", lambda v: v >= 10, "x",
+        ),
+        verdict(
+            f"TTFP at concurrency {low} / reference E2EL",
+            [by_c(r.omni)[low].p50("ttfp") / by_c(r.reference)[low].p50("e2el") for r in rounds],
+            "<= 0.1", lambda v: v <= 0.1, digits=3,
+        ),
+    ]
+    if 1 in by_c(rounds[0].omni) and 8 in by_c(rounds[0].omni):
+        out.append(
+            verdict(
+                "TTFP at concurrency 8 / at 1",
+                [by_c(r.omni)[8].p50("ttfp") / by_c(r.omni)[1].p50("ttfp") for r in rounds],
+                "<= 2", lambda v: v <= 2,
+            )
+        )
     return out
 
 
@@ -246,22 +289,25 @@ def main() -> None:
     parser.add_argument("--cache", default="/tmp/omni-bench-qwen3-omni", help="where the random checkpoint is written")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
     parser.add_argument("--requests", type=int, default=None, help="requests per level (default: max(concurrency, 4))")
+    parser.add_argument("--rounds", type=int, default=3, help="times every level of both systems is measured (medians are reported)")
     parser.add_argument("--thinker-tokens", type=int, default=64)
     parser.add_argument("--talker-tokens", type=int, default=64, help="codec tokens (frames + 1; 12.5 frames a second)")
     parser.add_argument("--set", action="append", default=[], metavar="STAGE.OPTION=VALUE", help="Omni deploy overrides")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     model_dir = checkpoint(args)
     started = time.perf_counter()
-    omni, reference = asyncio.run(bench(model_dir, args))
+    rounds = asyncio.run(bench(model_dir, args))
     print()
     print(f"Qwen3-Omni ({args.size}, {model_dir}); thinker {args.thinker_tokens} tokens, talker {args.talker_tokens} "
-          f"codec tokens, greedy; overrides {args.set or 'none'}; {time.perf_counter() - started:.0f} s in all")
-    print("The reference returns everything at the end: its TTFT and TTFP are its E2EL.")
+          f"codec tokens, greedy; overrides {args.set or 'none'}; {args.rounds} rounds; {time.perf_counter() - started:.0f} s in all")
+    print("The reference returns everything at the end: its TTFT and TTFP are its E2EL. Figures: medians over rounds.")
     print()
-    print(table(omni, reference))
+    print(table(rounds))
     print()
-    for line in goals(omni, reference):
+    for line in goals(rounds):
         print("- " + line)
 
 
