@@ -19,6 +19,7 @@ import io
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -540,6 +541,38 @@ def test_client_disconnect_cancels_in_every_stage(process_server: LiveServer, se
                 assert any(r["active_requests"] for r in busy)
                 left = time.monotonic()
                 break
+    _assert_cancelled_everywhere(url, cancelled_before, left, full_duration)
+    _complete_ok(process_server, served)
+
+
+def test_non_streaming_client_disconnect_cancels_in_every_stage(process_server: LiveServer, served: ServedModel) -> None:
+    """A client that waits for the whole answer and hangs up first: the request stops in every
+    stage instead of running to its end for nobody."""
+    url, headers = process_server.url, _headers(process_server)
+    long = {served.text_stage: {"max_tokens": 200, "ignore_eos": True}}
+    body = _chat_body(served, modalities=list(served.modalities), stage_params=long)
+    started = time.monotonic()
+    assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code == 200
+    full_duration = time.monotonic() - started
+
+    cancelled_before = _metric(httpx.get(f"{url}/metrics").text, "omni_requests_cancelled_total")
+    payload = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Content-Type": "application/json", "Content-Length": len(payload)}.items())
+    address = httpx.URL(url)
+    with socket.create_connection((address.host, address.port), timeout=30) as client:
+        client.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.host}\r\n{head}\r\n".encode() + payload)
+        deadline = time.monotonic() + full_duration
+        while not any(r["active_requests"] for r in httpx.get(f"{url}/health").json()["replicas"]):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.02)
+        left = time.monotonic()
+    _assert_cancelled_everywhere(url, cancelled_before, left, full_duration)
+    _complete_ok(process_server, served)
+
+
+def _assert_cancelled_everywhere(url: str, cancelled_before: float, left: float, full_duration: float) -> None:
+    """After the client left (at `left`): one more cancelled request, nothing running in any stage,
+    well before the request would have ended by itself (it took `full_duration` when left alone)."""
     while True:
         metrics = httpx.get(f"{url}/metrics").text
         replicas = httpx.get(f"{url}/health").json()["replicas"]
@@ -554,7 +587,6 @@ def test_client_disconnect_cancels_in_every_stage(process_server: LiveServer, se
     assert done, (metrics, replicas)
     assert time.monotonic() - left < 0.5 * full_duration, "the stages seem to have run the request to its end"
     assert all(r["placement"] == "process" for r in replicas)
-    _complete_ok(process_server, served)
 
 
 def test_sigterm_shuts_down_cleanly(process_server: LiveServer) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import attrs
 
@@ -14,6 +15,9 @@ from omni_core.engine.result import OmniResult
 from omni_core.errors import RequestCancelledError
 from omni_core.outputs import OutputDelta
 from omni_core.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from litestar.types import Receive
 
 
 @attrs.define
@@ -78,6 +82,29 @@ class Tracked:
         async for _ in self.deltas():
             pass
         return self.result
+
+    async def run_while_connected(self, receive: Receive) -> OmniResult:
+        """`run()` for a route that answers once at the end: if the client goes away first, the
+        request is cancelled in every stage (as a closed stream is) instead of running to its end
+        for nobody. Once the body is read, the ASGI ``receive`` returns only at the disconnect."""
+        work = asyncio.ensure_future(self.run())
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not work.done():
+                work.cancel()  # the client left (or this handler was cancelled): abort the request
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+            gone.cancel()
+        if work.cancelled():
+            raise RequestCancelledError(f"request {self.request.request_id}: the client disconnected")
+        return work.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _replay(first: OutputDelta | None, rest: AsyncIterator[OutputDelta]) -> AsyncIterator[OutputDelta]:

@@ -8,7 +8,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 import msgspec
-from litestar import Controller, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 from litestar.params import Body
@@ -77,23 +77,23 @@ class ChatController(Controller):
     tags = ["chat"]
 
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
-    async def create(self, data: Annotated[ChatCompletionRequest, Body()], state: State) -> Response[Any]:
+    async def create(self, data: Annotated[ChatCompletionRequest, Body()], state: State, request: Request) -> Response[Any]:
         server = state.server
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        request = chat_request(data, server.engine.pipeline)
+        omni_request = chat_request(data, server.engine.pipeline)
         audio_format = data.audio.format if data.audio else "wav"
-        tracked = await Tracked.start_request(server.engine, request, server.metrics)
+        tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             return ServerSentEvent(_chat_events(tracked, await tracked.open_stream(), server.model_name, include_usage))
-        result = await tracked.run()
+        result = await tracked.run_while_connected(request.receive)
         audio = None
         if result.audio is not None:
             encoded, _ = encode_audio(result.audio, result.sample_rate or 24000, audio_format)
             audio = AudioOutput(id=f"audio_{uuid.uuid4().hex[:16]}", data=b64(encoded), expires_at=int(time.time()) + 3600, transcript=result.text)
         message = AssistantMessage(content=result.text, audio=audio)
         body = ChatCompletion(
-            id=request.request_id,
+            id=omni_request.request_id,
             created=int(time.time()),
             model=server.model_name,
             choices=[Choice(index=0, message=message, finish_reason=result.finish_reason or "stop")],
@@ -132,13 +132,13 @@ class AudioController(Controller):
     tags = ["audio"]
 
     @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
-    async def speech(self, data: Annotated[SpeechRequest, Body()], state: State) -> Response[Any]:
+    async def speech(self, data: Annotated[SpeechRequest, Body()], state: State, request: Request) -> Response[Any]:
         server = state.server
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline), server.metrics)
         if data.stream_format == "sse":
             return ServerSentEvent(_speech_events(tracked, await tracked.open_stream()))
-        result = await tracked.run()
+        result = await tracked.run_while_connected(request.receive)
         if result.audio is None:
             raise APIError(500, "the pipeline produced no audio", type="server_error")
         encoded, media_type = encode_audio(result.audio, result.sample_rate or 24000, data.response_format)
@@ -161,11 +161,11 @@ class ImagesController(Controller):
     tags = ["images"]
 
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
-    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], state: State) -> ImagesResponse:
+    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], state: State, request: Request) -> ImagesResponse:
         server = state.server
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         tracked = await Tracked.start_request(server.engine, image_request(data, server.engine.pipeline), server.metrics)
-        result = await tracked.run()
+        result = await tracked.run_while_connected(request.receive)
         return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(encode_png(image))) for image in result.images])
 
 
