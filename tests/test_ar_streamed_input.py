@@ -54,7 +54,7 @@ class _AllowanceLM(ARModel):
 allowance_lm = _AllowanceLM()
 
 
-def _drain(runtime: ARStageRuntime, tokens: dict[str, list[int]], finals: set[str]) -> int:
+def _drain(runtime: ARStageRuntime, tokens: dict[str, list[int]], finals: set[str], reasons: list[str] | None = None) -> int:
     steps = 0
     while runtime.has_unfinished():
         steps += 1
@@ -64,6 +64,8 @@ def _drain(runtime: ARStageRuntime, tokens: dict[str, list[int]], finals: set[st
             assert ("finish_reason" in chunk.data) == chunk.final
             if chunk.final:
                 finals.add(chunk.request_id)
+                if reasons is not None:
+                    reasons.append(chunk.data["finish_reason"])
     return steps
 
 
@@ -130,3 +132,30 @@ def test_without_streaming_input_waits_for_the_final_piece(tiny_lm: Any, prompts
         assert finals == {"a"} and tokens["a"] == hf_greedy[3]
     finally:
         runtime.close()
+
+
+
+def test_the_context_limit_ends_a_streamed_request_as_it_ends_a_whole_one(tiny_lm: Any, prompts: Any) -> None:
+    """A request that runs into `max_model_len` (64 here) ends with finish_reason "length" after
+    the same tokens whether its input came whole or streamed in (held and resumed on the way)."""
+    prompt = prompts[3] + prompts[3][:20]  # 50 tokens: room for 14
+    params = {"max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+    results = {}
+    for streaming in (False, True):
+        runtime = _runtime(tiny_lm, f"{__name__}:allowance_lm", streaming=streaming, streamed_input_min_tokens=2)
+        try:
+            tokens: dict[str, list[int]] = {}
+            finals: set[str] = set()
+            reasons: list[str] = []
+            runtime.add_request("a", StageInput(data={"prompt_token_ids": prompt, "allowed": 4}, params=params, final=False))
+            for more in (4, 4, 4):  # the context is full at 14 tokens, before the input is
+                _drain(runtime, tokens, finals, reasons)
+                runtime.extend_request("a", StageInput(data={"allowed": more}, final=False))
+            runtime.extend_request("a", StageInput(data={}, final=True))
+            _drain(runtime, tokens, finals, reasons)
+            results[streaming] = (tokens["a"], reasons, finals)
+        finally:
+            runtime.close()
+    assert results[True] == results[False]
+    tokens, reasons, finals = results[True]
+    assert len(tokens) == 64 - len(prompt) and reasons == ["length"] and finals == {"a"}

@@ -378,8 +378,9 @@ class ARStageRuntime(StageRuntime):
                 request.prompt_ids = list(output.prompt_token_ids or [])
             token_ids = list(completion.token_ids)
             request.generated += token_ids  # a held request resumes in streaming mode only
-            # At its input's token budget, not at its own end: wait for more input, out of vLLM.
-            hold = output.finished and request.budget_limited and completion.finish_reason == "length"
+            # At its input's token budget, not at its own end: wait for more input, out of vLLM;
+            # unless it filled the model's context: then it ends ("length"), as one whole run does.
+            hold = output.finished and request.budget_limited and completion.finish_reason == "length" and self._has_room(request)
             finished = output.finished and not hold
             delta = ARDelta(
                 request_id=request_id,
@@ -408,9 +409,14 @@ class ARStageRuntime(StageRuntime):
             elif hold:
                 try:
                     self._hold(request_id, request)
-                except InvalidRequestError as exc:  # e.g. the resumed prompt got too long
+                except InvalidRequestError as exc:  # vLLM rejected the resumed run
                     chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(exc)))
         return chunks
+
+    def _has_room(self, request: _Request) -> bool:
+        """Whether the request's sequence (its first prompt and every token generated since) is
+        still shorter than the model's context, so that a resumed run could start."""
+        return len(request.prompt_ids or []) + len(request.generated) < self._engine().model_config.max_model_len
 
     def _hold(self, request_id: str, request: _Request) -> None:
         """Take a request that reached its token budget out of vLLM (vLLM already freed it) until
