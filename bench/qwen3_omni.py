@@ -246,7 +246,8 @@ def goals(rounds: list[Round]) -> list[str]:
     def by_c(levels: list[Level]) -> dict[int, Level]:
         return {level.concurrency: level for level in levels}
 
-    top, low = max(by_c(rounds[0].omni)), min(by_c(rounds[0].omni))
+    measured = by_c(rounds[0].omni)  # the same concurrencies in every round
+    top, low = max(measured), min(measured)
     out = [
         verdict(
             f"throughput at concurrency {top} / the reference",
@@ -259,7 +260,7 @@ def goals(rounds: list[Round]) -> list[str]:
             "<= 0.1", lambda v: v <= 0.1, digits=3,
         ),
     ]
-    if 1 in by_c(rounds[0].omni) and 8 in by_c(rounds[0].omni):
+    if 1 in measured and 8 in measured:
         out.append(
             verdict(
                 "TTFP at concurrency 8 / at 1",
