@@ -389,6 +389,35 @@ def test_hidden_states_survive_preemption(tiny_lm: Path, prompts, hf_greedy, hf_
 PREEMPT_KV_BYTES = 128 * 1024
 
 
+def test_a_repeated_prompt_captures_every_row(tiny_lm: Path, prompts, hf_greedy, hf_model) -> None:
+    """vLLM's prefix cache skips computing a prompt's cached blocks, whose rows a capturing request
+    still needs: the same prompt again (two of its 32-token blocks cached by the first run, and by
+    a request that captured nothing) captures every row, equal to transformers'."""
+    import torch
+
+    runtime = _runtime(
+        tiny_lm, f"{__name__}:capture_some_lm", streaming=True, max_model_len=128, engine_args={"block_size": 32}
+    )
+    prompt = prompts[3] * 2 + prompts[1]  # 69 tokens: two full blocks
+    chunks: dict[str, list[Chunk]] = {}
+    try:
+        # Odd seeds capture nothing (`_OnlyEvenRequests`); every run after the first finds the
+        # prompt's blocks cached.
+        for rid, seed in (("first", 0), ("text", 1), ("again", 2), ("text-again", 3)):
+            runtime.add_request(rid, StageInput(data={"prompt_token_ids": prompt}, params=_greedy(seed=seed)))
+            chunks.update(_run(runtime))
+    finally:
+        runtime.close()
+    with torch.no_grad():
+        generated = hf_model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False)[0, len(prompt) :].tolist()
+        expected = hf_model(torch.tensor([prompt + generated[:-1]]), output_hidden_states=True).hidden_states[1][0]
+    for rid in ("first", "text", "again", "text-again"):
+        assert _tokens(chunks[rid]) == generated, rid
+    for rid in ("first", "again"):
+        hidden = torch.cat([c.data["hidden_states"] for c in chunks[rid] if "hidden_states" in c.data])
+        torch.testing.assert_close(hidden, expected, atol=1e-4, rtol=1e-4, msg=rid)
+
+
 def test_prompt_embeds_give_the_same_tokens(tiny_lm: Path, prompts, hf_greedy, hf_model) -> None:
     import torch
 

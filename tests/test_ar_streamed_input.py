@@ -52,6 +52,8 @@ class _AllowanceLM(ARModel):
 
 
 allowance_lm = _AllowanceLM()
+# The same, capturing layer 1's hidden states (as a talker captures its own rows).
+capturing_allowance_lm = _AllowanceLM(capture_hidden_states=True, capture_base=_ar.QWEN3, hidden_state_layer=1)
 
 
 def _drain(runtime: ARStageRuntime, tokens: dict[str, list[int]], finals: set[str], reasons: list[str] | None = None) -> int:
@@ -159,3 +161,43 @@ def test_the_context_limit_ends_a_streamed_request_as_it_ends_a_whole_one(tiny_l
     assert results[True] == results[False]
     tokens, reasons, finals = results[True]
     assert len(tokens) == 64 - len(prompt) and reasons == ["length"] and finals == {"a"}
+
+
+def test_a_resumed_run_reads_the_prefix_cache_and_captures_every_row(tiny_lm: Any, prompts: Any, hf_model: Any) -> None:
+    """A held request's resumed run finds its prompt's blocks in vLLM's prefix cache (its first
+    run put them there); vLLM skips them, yet the captured rows stay whole and in order: the
+    rows before them were delivered by the first run."""
+    import torch
+
+    runtime = _runtime(
+        tiny_lm, f"{__name__}:capturing_allowance_lm", streaming=True, streamed_input_min_tokens=2,
+        max_model_len=128, engine_args={"block_size": 32},
+    )
+    prompt = prompts[3] * 2 + prompts[1]  # 69 tokens: two full blocks
+    params = {"max_tokens": MAX_TOKENS, "min_tokens": MAX_TOKENS, "temperature": 0.0}
+    tokens: dict[str, list[int]] = {}
+    rows: list[Any] = []
+    try:
+        runtime.add_request("a", StageInput(data={"prompt_token_ids": prompt, "allowed": 3}, params=params, final=False))
+        for more in (4, None):
+            while runtime.has_unfinished():
+                for chunk in runtime.step():
+                    assert chunk.error is None, chunk.error
+                    tokens.setdefault(chunk.request_id, []).extend(chunk.data["token_ids"])
+                    if "hidden_states" in chunk.data:
+                        rows.append(chunk.data["hidden_states"])
+            runtime.extend_request("a", StageInput(data={} if more is None else {"allowed": more}, final=more is None))
+        while runtime.has_unfinished():
+            for chunk in runtime.step():
+                tokens["a"].extend(chunk.data["token_ids"])
+                if "hidden_states" in chunk.data:
+                    rows.append(chunk.data["hidden_states"])
+    finally:
+        runtime.close()
+    with torch.no_grad():
+        generated = hf_model.generate(
+            torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False
+        )[0, len(prompt) :].tolist()
+        expected = hf_model(torch.tensor([prompt + generated[:-1]]), output_hidden_states=True).hidden_states[1][0]
+    assert tokens["a"] == generated
+    torch.testing.assert_close(torch.cat(rows), expected, atol=1e-4, rtol=1e-4)

@@ -289,6 +289,12 @@ class ARStageRuntime(StageRuntime):
                 prompt = model.make_prompt(StageInput(data=data, params=request.params))
                 request.prompt_info = model.prompt_info(StageInput(data=data, params=request.params, final=request.input_final))
             sampling = model.sampling_params(self._run_params(request, budget), delta=self.streaming)
+            if request.capture and not resuming:
+                # vLLM does not compute a prompt's blocks found in its prefix cache, so their rows
+                # could not be captured: a capturing request computes its whole first prompt. (A
+                # resumed run's rows up to its last token were delivered already, and vLLM always
+                # computes the last one; requests that capture nothing read the cache as usual.)
+                sampling.skip_reading_prefix_cache = True
             if model.capture_hidden_states:  # the side-input store lives on the capture class
                 vllm_bridge.tag_request(sampling, request_id)
             internal_id = self._engine().add_request(request_id, prompt, sampling)

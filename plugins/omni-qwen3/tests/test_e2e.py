@@ -208,6 +208,19 @@ def test_talker_speaker_parameter_chooses_the_voice(omni: Omni, alone: dict[str,
     assert not np.array_equal(by_param.codes, alone["text"].codes)  # not the default voice
 
 
+def test_a_repeated_long_prompt_gives_the_same_result(omni: Omni) -> None:
+    """A prompt of several KV blocks sent again finds them in vLLM's prefix cache, in the thinker
+    (put there by the first run and by a text-only run) and in the talker. The rows the talker
+    needs must still be captured: the second run equals the first."""
+    long = OmniRequest(prompt="hello world, what is this picture about? " * 40, modalities=WITH_CODES, params=GREEDY)
+    first = run(omni, [long])[0]
+    assert len(first.result.prompt_token_ids) > 256  # two of the CPU backend's 128-token blocks
+    text_only = run(omni, [attrs.evolve(long, request_id=f"{long.request_id}-text", modalities=("text",))])[0]
+    again = run(omni, [attrs.evolve(long, request_id=f"{long.request_id}-again")])[0]
+    assert text_only.result.token_ids == first.result.token_ids
+    assert_same(again, first, "repeated long prompt")
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 
