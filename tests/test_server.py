@@ -64,6 +64,8 @@ class ServedModel:
       (top-level ``temperature`` reaches only the first AR stage).
     - `failing_stage_params`: stage_params that make a stage fail on purpose (a test hook), or None.
     - `unsupported_part`: a content part the model does not take, or None.
+    - `mm_processor_kwargs`: (a valid, an invalid) ``mm_processor_kwargs`` for its input
+      processor, or None where the family reads none.
     - `reference`: greedy reference for (messages, max_tokens), or None to skip those comparisons.
     """
 
@@ -75,6 +77,7 @@ class ServedModel:
     greedy_stage_params: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     failing_stage_params: dict[str, dict[str, Any]] | None = None
     unsupported_part: dict[str, Any] | None = None
+    mm_processor_kwargs: tuple[dict[str, Any], dict[str, Any]] | None = None
     reference: Callable[[list[dict[str, str]], int], Reference] | None = None
 
 
@@ -124,6 +127,7 @@ CASES = {
         voice="chelsie",
         # Random weights never emit the codec's end token: cap the talker (transformers' default is 4096).
         greedy_stage_params={"thinker": {"temperature": 0.0}, "talker": {"temperature": 0.0, "max_tokens": 40}},
+        mm_processor_kwargs=({"use_audio_in_video": True}, {"use_audio_in_video": "yes"}),
     ),
 }
 
@@ -475,6 +479,21 @@ def test_unsupported_content_part_for_this_model(inline_server: LiveServer, serv
     error = _assert_error_body(httpx.post(f"{inline_server.url}/v1/chat/completions", json=body, timeout=60), 400)
     assert served.unsupported_part["type"] in error["message"]
     _complete_ok(inline_server, served)
+
+
+def test_mm_processor_kwargs_reach_the_model_family(inline_server: LiveServer, served: ServedModel) -> None:
+    """vLLM's ``mm_processor_kwargs`` request field reaches the family's input processor: a valid
+    one is served (here without media it changes nothing), an invalid one is a 400 naming it."""
+    if served.mm_processor_kwargs is None:
+        pytest.skip("the family reads no mm_processor_kwargs")
+    valid, invalid = served.mm_processor_kwargs
+    url = f"{inline_server.url}/v1/chat/completions"
+    plain = httpx.post(url, json=_chat_body(served), timeout=120)
+    with_kwargs = httpx.post(url, json=_chat_body(served, mm_processor_kwargs=valid), timeout=120)
+    assert plain.status_code == with_kwargs.status_code == 200, with_kwargs.text
+    assert with_kwargs.json()["choices"][0]["message"]["content"] == plain.json()["choices"][0]["message"]["content"]
+    error = _assert_error_body(httpx.post(url, json=_chat_body(served, mm_processor_kwargs=invalid), timeout=120), 400)
+    assert error["param"] == "mm_processor_kwargs" and error["type"] == "invalid_request_error"
 
 
 def test_openai_client_sees_typed_errors(inline_server: LiveServer, served: ServedModel) -> None:

@@ -62,7 +62,8 @@ class StreamOptions(msgspec.Struct):
 
 
 class ChatCompletionRequest(msgspec.Struct, kw_only=True):
-    """``POST /v1/chat/completions``. `stage_params` (extension) carries parameters per named stage."""
+    """``POST /v1/chat/completions``. `stage_params` (extension) carries parameters per named stage;
+    `mm_processor_kwargs` (as in vLLM) options of the model family's multimodal input processing."""
 
     model: str
     messages: list[ChatMessage]
@@ -83,6 +84,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     user: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):

@@ -64,6 +64,8 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline) -> Omn
     extra: dict[str, Any] = {}
     if body.audio is not None and body.audio.voice:
         extra["voice"] = body.audio.voice
+    if body.mm_processor_kwargs:
+        extra["mm_processor_kwargs"] = dict(body.mm_processor_kwargs)
     return OmniRequest(
         messages=msgspec.to_builtins(body.messages),
         modalities=modalities,

@@ -165,7 +165,8 @@ class ARModel:
         """Turn stage input into a vLLM prompt (a `TextPrompt`/`TokensPrompt`/`EmbedsPrompt` dict).
 
         Accepts ``prompt`` (text), ``prompt_token_ids``, ``prompt_embeds`` ([n, hidden] tensor, needs
-        `enable_prompt_embeds`) and ``multi_modal_data``.
+        `enable_prompt_embeds`), ``multi_modal_data`` and ``mm_processor_kwargs`` (for vLLM's
+        multimodal processor).
         """
         data = stage_input.data
         prompt: dict[str, Any]
@@ -186,6 +187,8 @@ class ARModel:
             )
         if data.get("multi_modal_data"):
             prompt["multi_modal_data"] = data["multi_modal_data"]
+            if data.get("mm_processor_kwargs"):
+                prompt["mm_processor_kwargs"] = dict(data["mm_processor_kwargs"])
         return prompt
 
     def chat_prompt(self, messages: list[dict[str, Any]], tokenizer: Any) -> Payload:

@@ -143,12 +143,21 @@ def build_talker_input(
 
 def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dict[str, Any]) -> tuple[torch.Tensor | None, int]:
     """The talker's 3-D M-RoPE positions ``[3, P]`` and decode delta, as transformers computes them
-    (``get_rope_index`` on the talker input ids); ``(None, 0)`` when the prompt has no image or
-    video (then positions are plain 0..P-1, which the talker uses by default)."""
+    (``get_rope_index`` on the talker input ids, with ``use_audio_in_video`` when the thinker's
+    prompt interleaved a video with its sound track); ``(None, 0)`` when the prompt has no image or
+    video (then positions are plain 0..P-1, which the talker uses by default).
+
+    Audio beside an image or video needs the audio encoder's ``n_window``, which ``get_rope_index``
+    reads from ``config.audio_config``: only the thinker's config has one (transformers' talker
+    raises AttributeError there), so the talker's config here borrows the thinker's.
+    """
     import types
 
     import torch
-    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeTalkerConfig
+    from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
+        Qwen3OmniMoeAudioEncoderConfig,
+        Qwen3OmniMoeTalkerConfig,
+    )
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
         Qwen3OmniMoePreTrainedModelForConditionalGeneration as Base,
     )
@@ -158,6 +167,8 @@ def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dic
     if not image and not video:
         return None, 0
     talker_config = Qwen3OmniMoeTalkerConfig(**config["talker_config"])
+    if getattr(talker_config, "audio_config", None) is None:
+        talker_config.audio_config = Qwen3OmniMoeAudioEncoderConfig(**config["thinker_config"].get("audio_config", {}))
     # get_rope_index reads only these attributes of the talker model.
     holder = types.SimpleNamespace(config=talker_config, spatial_merge_size=talker_config.spatial_merge_size)
     holder.get_llm_pos_ids_for_vision = types.MethodType(Base.get_llm_pos_ids_for_vision, holder)
@@ -170,6 +181,7 @@ def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dic
         image_grid_thw=torch.as_tensor(image, dtype=torch.long) if image else None,
         video_grid_thw=torch.as_tensor(video, dtype=torch.long) if video else None,
         attention_mask=torch.ones_like(ids),
+        use_audio_in_video=bool(grids.get("use_audio_in_video")),
         audio_seqlens=torch.as_tensor(audio, dtype=torch.long) if audio else None,
         second_per_grids=torch.as_tensor(seconds, dtype=torch.float32) if video and seconds is not None else None,
     )
@@ -254,6 +266,6 @@ class ThinkerToTalker:
         return StageInput(data={"trailing": torch.cat(rows)}, final=final)
 
 
-GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "audio_feature_lengths")
+GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid", "audio_feature_lengths", "use_audio_in_video")
 """First-chunk keys of the thinker (`omni_qwen3.thinker.ThinkerModel.prompt_info`) the talker's
 positions need."""

@@ -10,6 +10,11 @@ processor expands) and the decoded media as vLLM ``multi_modal_data`` (videos as
 frames: `omni_qwen3.video`, no torchvision needed). The prompt's expanded length is worked out
 here so that an over-long prompt fails before anything runs. Input that cannot be decoded is an
 `InvalidRequestError`.
+
+``mm_processor_kwargs`` (the request field vLLM has for this) may set ``use_audio_in_video``: each
+video file's sound track is then an audio input too, and vLLM's processor interleaves it with the
+video's frames by time (as transformers' processor and ``generate(use_audio_in_video=True)`` do);
+the thinker's first chunk passes the flag on for the talker's positions.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class Qwen3OmniInputProcessor:
         self.model_path = pipeline.model_path
         self.config = read_hf_config(pipeline.model_path)
         thinker = self.config.get("thinker_config", self.config)
+        self.thinker_config: dict[str, Any] = thinker
         self.text_config: dict[str, Any] = thinker.get("text_config", {})
         talker = self.config.get("talker_config") or {}
         self.speakers: dict[str, int] = dict(talker.get("speaker_id") or {})
@@ -68,13 +74,29 @@ class Qwen3OmniInputProcessor:
     def __call__(self, request: OmniRequest) -> dict[str, StageInput]:
         modalities = tuple(request.modalities or self.pipeline.default_modalities)
         messages = self._messages(request)
-        template_messages, audios, images, videos = self._parse(messages)
+        audio_in_video = _use_audio_in_video(request)
+        template_messages, audios, images, videos = self._parse(messages, audio_in_video)
+        audio_in_video = audio_in_video and bool(videos)
+        if audio_in_video and "audio_end_token_id" not in self.thinker_config:
+            raise InvalidRequestError(
+                "use_audio_in_video needs thinker_config.audio_end_token_id, which this checkpoint's "
+                "config.json lacks (an omni-tiny checkpoint from an older omni-qwen3? delete it to rewrite it)",
+                param="mm_processor_kwargs",
+            )
+        if audio_in_video and len(audios) != len(videos):
+            raise InvalidRequestError(
+                "with use_audio_in_video every audio input is a video's sound track: send audio parts "
+                "in a request without it (vLLM pairs each audio with one video)",
+                param="mm_processor_kwargs",
+            )
         tokenizer = self.tokenizer
         text = tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
         token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         frames = [self.video_processor.sample(video) for video in videos]
-        self._check_length(token_ids, audios, images, frames)
+        self._check_length(token_ids, audios, images, frames, audio_in_video)
         data: dict[str, Any] = {"prompt_token_ids": token_ids, "capture_hidden": "audio" in modalities}
+        if audio_in_video:
+            data["mm_processor_kwargs"] = {"use_audio_in_video": True}
         media: dict[str, Any] = {}
         if audios:
             media["audio"] = [(audio, AUDIO_SAMPLE_RATE) for audio in audios]
@@ -120,9 +142,12 @@ class Qwen3OmniInputProcessor:
     # -- messages --------------------------------------------------------------------------------
 
     def _parse(
-        self, messages: list[dict[str, Any]]
+        self, messages: list[dict[str, Any]], audio_in_video: bool = False
     ) -> tuple[list[dict[str, Any]], list[Any], list[Any], list[DecodedVideo]]:
-        """Messages -> chat-template messages (Qwen parts), audio arrays, images and videos, in order."""
+        """Messages -> chat-template messages (Qwen parts), audio arrays, images and videos, in order.
+
+        `audio_in_video`: each video's sound track is an audio input too, in the video's place.
+        """
         out: list[dict[str, Any]] = []
         audios: list[Any] = []
         images: list[Any] = []
@@ -155,9 +180,18 @@ class Qwen3OmniInputProcessor:
                     audios.append(_as_mono_16k(part["audio"], AUDIO_SAMPLE_RATE, where))
                     parts.append({"type": "audio"})
                 elif kind == "video_url":
-                    videos.append(_decode_video_url(part.get("video_url"), where))
+                    video = _decode_video_url(part.get("video_url"), where, audio_in_video)
+                    videos.append(video)
+                    if video.audio is not None:
+                        audios.append(video.audio)
                     parts.append({"type": "video"})
                 elif kind == "video" and part.get("video") is not None:
+                    if audio_in_video:
+                        raise InvalidRequestError(
+                            f"{where}: use_audio_in_video reads the sound track of a video file: send the "
+                            "video as a video_url (data: URL) rather than frames",
+                            param="messages",
+                        )
                     videos.append(_as_video(part, where))
                     parts.append({"type": "video"})
                 else:
@@ -171,17 +205,30 @@ class Qwen3OmniInputProcessor:
 
     # -- lengths ---------------------------------------------------------------------------------
 
-    def _check_length(self, token_ids: list[int], audios: list[Any], images: list[Any], videos: list[Any]) -> None:
-        """Reject a prompt whose expanded length (placeholders -> encoder outputs) leaves no room."""
-        length = len(token_ids) + sum(self._audio_tokens(a) - 1 for a in audios)
-        length += sum(self._image_tokens(im) - 1 for im in images)
-        length += sum(self._video_tokens(frames) - 1 for frames in videos)
+    def _check_length(
+        self, token_ids: list[int], audios: list[Any], images: list[Any], videos: list[Any], audio_in_video: bool = False
+    ) -> None:
+        """Reject a prompt whose expanded length (`expanded_length`) leaves no room."""
+        length = self.expanded_length(token_ids, audios, images, videos, audio_in_video)
         if length >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt is {length} tokens (with its audio, images and videos) but the thinker's context is "
                 f"{self.max_model_len}: shorten the input or raise the thinker's max_model_len",
                 param="messages",
             )
+
+    def expanded_length(
+        self, token_ids: list[int], audios: list[Any], images: list[Any], videos: list[Any], audio_in_video: bool = False
+    ) -> int:
+        """The prompt's length once vLLM's processor replaced each placeholder by one token per
+        encoder output. With `audio_in_video` a video's one placeholder becomes its frames' and its
+        sound track's tokens between an audio start and an audio end token."""
+        length = len(token_ids) + sum(self._audio_tokens(a) - 1 for a in audios)
+        length += sum(self._image_tokens(im) - 1 for im in images)
+        length += sum(self._video_tokens(frames) - 1 for frames in videos)
+        if audio_in_video:  # each sound track's placeholder is its video's: + audio start and end
+            length += 3 * len(videos)
+        return length
 
     def _audio_tokens(self, audio: np.ndarray) -> int:
         from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
@@ -289,10 +336,30 @@ def _as_image(image: Any, where: str) -> Any:
     return image.convert("RGB")
 
 
-def _decode_video_url(value: Any, where: str) -> DecodedVideo:
+def _decode_video_url(value: Any, where: str, with_audio: bool = False) -> DecodedVideo:
     from omni_qwen3.video import decode_video
 
-    return decode_video(_data_url_bytes(value, where, "video", "data:video/mp4;base64,..."), where)
+    return decode_video(_data_url_bytes(value, where, "video", "data:video/mp4;base64,..."), where, with_audio)
+
+
+def _use_audio_in_video(request: OmniRequest) -> bool:
+    """The request's ``mm_processor_kwargs`` (vLLM's request field): only ``use_audio_in_video``
+    (a video's sound track as audio input, interleaved with its frames by time) is understood."""
+    kwargs = request.extra.get("mm_processor_kwargs")
+    if kwargs is None:
+        return False
+    if not isinstance(kwargs, dict):
+        raise InvalidRequestError("mm_processor_kwargs must be an object", param="mm_processor_kwargs")
+    unknown = sorted(set(kwargs) - {"use_audio_in_video"})
+    if unknown:
+        raise InvalidRequestError(
+            f"unsupported mm_processor_kwargs {unknown}: Qwen3-Omni takes only use_audio_in_video",
+            param="mm_processor_kwargs",
+        )
+    value = kwargs.get("use_audio_in_video", False)
+    if not isinstance(value, bool):
+        raise InvalidRequestError("mm_processor_kwargs.use_audio_in_video must be true or false", param="mm_processor_kwargs")
+    return value
 
 
 def _data_url_bytes(value: Any, where: str, kind: str, example: str) -> bytes:

@@ -9,7 +9,8 @@ and `decode_codes` turns them back into the waveform the same way ``generate`` d
 Inputs are chat messages in the Qwen-Omni style: ``content`` is a string or a list of parts
 ``{"type": "text", "text": ...}``, ``{"type": "audio", "audio": <1-D float array at 16 kHz>}``,
 ``{"type": "image", "image": <PIL image>}``, ``{"type": "video", "video": <uint8 [T, H, W, 3] frames>}``
-(optionally with ``"fps"``: the frame rate, used only where the video processor samples by fps).
+(optionally with ``"fps"``: the frame rate, used only where the video processor samples by fps, and
+``"audio"``: its sound track at 16 kHz, the video's audio input with ``use_audio_in_video``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def load_model(model_dir: str | Path) -> Any:
     return model.eval()
 
 
-def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str, Any]:
+def prepare_inputs(model_dir: str | Path, messages: Messages | str, use_audio_in_video: bool = False) -> dict[str, Any]:
     """Turn messages (or a ready prompt string) into the model's keyword inputs.
 
     Does what ``Qwen3OmniMoeProcessor.__call__`` does for text, audio and images: chat template,
@@ -69,7 +70,9 @@ def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str,
     processor class itself cannot be built where torchvision is missing (its video processor needs
     it), so its parts are loaded one by one, and videos go through `omni_qwen3.video`'s
     torchvision-free video processor (with the size bounds and ``video_second_per_grid`` the
-    processor passes).
+    processor passes). `use_audio_in_video`: each video's ``audio`` is an audio input in the
+    video's place, and the video's placeholder becomes its frames and audio interleaved by time
+    (the processor's own ``replace_multimodal_special_tokens`` does that expansion).
     """
     import torch
     from transformers import AutoImageProcessor, AutoTokenizer, WhisperFeatureExtractor
@@ -79,8 +82,14 @@ def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str,
     if isinstance(messages, str):
         text, audios, images, videos = messages, [], [], []
     else:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        audios, images, videos = _collect_media(messages)
+        # A video's sound track is not a part of its own: the chat template would take a part with
+        # an ``audio`` key for an audio part.
+        template = [
+            {**m, "content": [_without_sound_track(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+            for m in messages
+        ]
+        text = tokenizer.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
+        audios, images, videos = _collect_media(messages, use_audio_in_video)
 
     features: dict[str, Any] = {}
     audio_lengths: list[int] = []
@@ -120,12 +129,56 @@ def prepare_inputs(model_dir: str | Path, messages: Messages | str) -> dict[str,
         merge = video_processor.merge_size**2
         video_lengths = [int(grid.prod()) // merge for grid in video_inputs["video_grid_thw"]]
 
-    text = _expand_placeholders(
-        text,
-        {tokenizer.audio_token: audio_lengths, tokenizer.image_token: image_lengths, tokenizer.video_token: video_lengths},
-    )
+    if use_audio_in_video and videos:
+        text = _interleave_audio_in_video(tokenizer, text, audio_lengths, features, video_processor.merge_size)
+    else:
+        text = _expand_placeholders(
+            text,
+            {tokenizer.audio_token: audio_lengths, tokenizer.image_token: image_lengths, tokenizer.video_token: video_lengths},
+        )
     encoded = tokenizer(text, return_tensors="pt", padding=False)
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], **features}
+
+
+def _without_sound_track(part: dict[str, Any]) -> dict[str, Any]:
+    if part.get("type") == "video" or (part.get("type") is None and "video" in part):
+        return {k: v for k, v in part.items() if k != "audio"}
+    return part
+
+
+def _interleave_audio_in_video(
+    tokenizer: Any, text: str, audio_lengths: list[int], features: dict[str, Any], merge_size: int
+) -> str:
+    """``Qwen3OmniMoeProcessor.replace_multimodal_special_tokens`` with ``use_audio_in_video``,
+    called on the parts it reads (the processor itself cannot be built without torchvision).
+    `merge_size`: the vision processors' (image and video share the vision encoder's)."""
+    import types
+
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+        Qwen3OmniMoeProcessor,
+        Qwen3OmniMoeProcessorKwargs,
+    )
+
+    defaults = Qwen3OmniMoeProcessorKwargs._defaults["videos_kwargs"]
+    holder = types.SimpleNamespace(
+        **{name: getattr(tokenizer, name) for name in (
+            "audio_token", "image_token", "video_token", "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token",
+        )},
+        image_processor=types.SimpleNamespace(merge_size=merge_size),
+        video_processor=types.SimpleNamespace(merge_size=merge_size),
+    )
+    (expanded,) = Qwen3OmniMoeProcessor.replace_multimodal_special_tokens(
+        holder,
+        [text],
+        iter(audio_lengths),
+        iter(features.get("image_grid_thw", [])),
+        iter(features["video_grid_thw"]),
+        video_second_per_grid=iter(features["video_second_per_grid"].tolist()),
+        use_audio_in_video=True,
+        position_id_per_seconds=defaults["position_id_per_seconds"],
+        seconds_per_chunk=defaults["seconds_per_chunk"],
+    )
+    return expanded
 
 
 def reference_generate(
@@ -137,6 +190,7 @@ def reference_generate(
     max_new_tokens: int = 16,
     talker_max_new_tokens: int = 64,
     model: Any = None,
+    use_audio_in_video: bool = False,
 ) -> ReferenceOutput:
     """Run transformers' ``generate`` greedily and return ids, codec codes and waveform.
 
@@ -147,9 +201,10 @@ def reference_generate(
 
     if model is None:
         model = load_model(model_dir)
-    inputs = prepare_inputs(model_dir, messages)
+    inputs = prepare_inputs(model_dir, messages, use_audio_in_video)
     config = model.config
     kwargs: dict[str, Any] = {
+        "use_audio_in_video": use_audio_in_video,
         "return_audio": return_audio,
         "thinker_max_new_tokens": max_new_tokens,
         "thinker_do_sample": False,
@@ -157,6 +212,15 @@ def reference_generate(
         # generate()'s default is the real vocabulary's <|im_end|> id (151645).
         "thinker_eos_token_id": config.im_end_token_id,
     }
+    if return_audio and inputs.get("feature_attention_mask") is not None and getattr(model.talker.config, "audio_config", None) is None:
+        # Audio beside an image or video: the talker's get_rope_index reads the audio encoder's
+        # n_window from config.audio_config, which only the thinker's config has (without it
+        # transformers raises AttributeError); the talker's config gets the thinker's.
+        model.talker.config.audio_config = config.thinker_config.audio_config
+    if return_audio and use_audio_in_video:
+        # generate() hands the talker the image/video grids but not this flag, so its positions
+        # would take the interleaved video for plain audio; the talker_ prefix passes it on.
+        kwargs["talker_use_audio_in_video"] = True
     if return_audio:
         if speaker.lower() not in (config.talker_config.speaker_id or {}):
             raise InvalidRequestError(
@@ -236,6 +300,42 @@ def synthetic_image(width: int = 64, height: int = 64) -> Any:
     return Image.fromarray(rgb.astype(np.uint8), mode="RGB")
 
 
+def moving_frames(count: int = 5, height: int = 48, width: int = 64) -> np.ndarray:
+    """Synthetic RGB video frames whose content moves from frame to frame (uint8 [T, H, W, 3])."""
+    import numpy as np
+
+    t, y, x = np.mgrid[0:count, 0:height, 0:width]
+    return np.stack([(x * 4 + t * 30) % 256, (y * 5 + t * 10) % 256, (x + y + t * 50) % 256], -1).astype(np.uint8)
+
+
+def mp4_bytes(frames: np.ndarray, fps: int = 4, audio: np.ndarray | None = None) -> bytes:
+    """An MP4 file of `frames` (lossless H.264) and, given `audio` (16 kHz mono), an AAC sound track."""
+    import io
+
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv444p"
+        stream.options = {"qp": "0"}
+        sound = None
+        if audio is not None:
+            sound = container.add_stream("aac", rate=AUDIO_SAMPLING_RATE)
+            sound.layout = "mono"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+        if sound is not None and audio is not None:
+            samples = av.AudioFrame.from_ndarray(audio.astype("float32")[None, :], format="fltp", layout="mono")
+            samples.sample_rate = AUDIO_SAMPLING_RATE
+            for packet in [*sound.encode(samples), *sound.encode(None)]:
+                container.mux(packet)
+    return buffer.getvalue()
+
+
 def wav_base64(audio: np.ndarray, rate: int = AUDIO_SAMPLING_RATE) -> str:
     """`audio` as a base64 float WAV, the OpenAI ``input_audio`` payload (exact round trip)."""
     import base64
@@ -281,9 +381,9 @@ def paired_requests(audio: np.ndarray, image: Any) -> tuple[dict[str, Messages],
     return openai, reference
 
 
-def _collect_media(messages: Messages) -> tuple[list[Any], list[Any], list[Any]]:
+def _collect_media(messages: Messages, use_audio_in_video: bool = False) -> tuple[list[Any], list[Any], list[Any]]:
     """Audio arrays, images and videos (`omni_qwen3.video.DecodedVideo`) in message order (the
-    order of their placeholders)."""
+    order of their placeholders); with `use_audio_in_video` a video's ``audio`` in its place."""
     from omni_qwen3.video import DecodedVideo, as_frames
 
     audios: list[Any] = []
@@ -295,13 +395,15 @@ def _collect_media(messages: Messages) -> tuple[list[Any], list[Any], list[Any]]
             continue
         for part in content:
             kind = part.get("type")
-            if kind == "audio" or "audio" in part:
+            if kind == "video" or (kind is None and "video" in part):
+                fps = part.get("fps")
+                videos.append(DecodedVideo(frames=as_frames(part["video"]), fps=None if fps is None else float(fps)))
+                if use_audio_in_video:
+                    audios.append(part["audio"])
+            elif kind == "audio" or "audio" in part:
                 audios.append(part["audio"])
             elif kind == "image" or "image" in part:
                 images.append(part["image"])
-            elif kind == "video" or "video" in part:
-                fps = part.get("fps")
-                videos.append(DecodedVideo(frames=as_frames(part["video"]), fps=None if fps is None else float(fps)))
     return audios, images, videos
 
 

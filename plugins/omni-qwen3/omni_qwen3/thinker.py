@@ -82,13 +82,16 @@ class ThinkerModel(ARModel):
 
     def prompt_info(self, stage_input: StageInput) -> Payload:
         """``image_grid_thw`` / ``video_grid_thw`` (+ ``video_second_per_grid``) /
-        ``audio_feature_lengths`` of the prompt's media, in the first chunk: the talker's 3-D
-        positions need them (only computed when the talker runs)."""
+        ``audio_feature_lengths`` of the prompt's media (and ``use_audio_in_video`` when set), in
+        the first chunk: the talker's 3-D positions need them (only computed when the talker runs)."""
         media = stage_input.data.get("multi_modal_data") or {}
         if not media or not self.wants_hidden_states(stage_input) or not self.capture_hidden_states:
             return {}
         assert self._model_path is not None
-        return _media_sizes(self._model_path, media)
+        info = _media_sizes(self._model_path, media)
+        if (stage_input.data.get("mm_processor_kwargs") or {}).get("use_audio_in_video"):
+            info["use_audio_in_video"] = True
+        return info
 
     def chunk_data(self, delta: ARDelta) -> Payload:
         data = super().chunk_data(delta)

@@ -43,16 +43,23 @@ PROCESSOR_FPS = 1.0
 """``Qwen3OmniMoeProcessor``'s fps for ``video_second_per_grid`` when the call passes none."""
 
 
+SOUND_TRACK_RATE = 16000
+"""Sample rate of a decoded sound track (the thinker's audio encoder input)."""
+
+
 @attrs.frozen
 class DecodedVideo:
-    """Frames of one video as ``uint8 [T, H, W, 3]`` RGB and its frame rate (None if unknown)."""
+    """Frames of one video as ``uint8 [T, H, W, 3]`` RGB, its frame rate (None if unknown) and,
+    when asked for, its sound track (mono float32 at `SOUND_TRACK_RATE`)."""
 
     frames: np.ndarray
     fps: float | None = None
+    audio: np.ndarray | None = None
 
 
-def decode_video(raw: bytes, where: str = "video") -> DecodedVideo:
-    """Decode a video file's bytes (any container/codec FFmpeg reads) to RGB frames with PyAV."""
+def decode_video(raw: bytes, where: str = "video", with_audio: bool = False) -> DecodedVideo:
+    """Decode a video file's bytes (any container/codec FFmpeg reads) to RGB frames with PyAV;
+    `with_audio` also decodes its first audio stream (`decode_sound_track`)."""
     try:
         import av
     except ImportError:  # pragma: no cover - av is a dependency of the serving install
@@ -78,7 +85,35 @@ def decode_video(raw: bytes, where: str = "video") -> DecodedVideo:
         raise InvalidRequestError(f"{where}: cannot decode the video ({exc})", param="messages") from None
     if not frames:
         raise InvalidRequestError(f"{where}: the video has no frames", param="messages")
-    return DecodedVideo(frames=np.stack(frames), fps=fps)
+    audio = decode_sound_track(raw, where) if with_audio else None
+    return DecodedVideo(frames=np.stack(frames), fps=fps, audio=audio)
+
+
+def decode_sound_track(raw: bytes, where: str = "video") -> np.ndarray:
+    """The first audio stream of a video file's bytes, downmixed to mono and resampled to
+    `SOUND_TRACK_RATE` by FFmpeg's resampler (float32 samples)."""
+    import av
+    import numpy as np
+
+    pieces: list[np.ndarray] = []
+    try:
+        with av.open(io.BytesIO(raw), mode="r") as container:
+            if not container.streams.audio:
+                raise InvalidRequestError(
+                    f"{where}: use_audio_in_video reads the video's sound track, and this video has none", param="messages"
+                )
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=SOUND_TRACK_RATE)
+            for frame in container.decode(container.streams.audio[0]):
+                pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
+            pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
+    except InvalidRequestError:
+        raise
+    except (av.FFmpegError, ValueError, OSError) as exc:
+        raise InvalidRequestError(f"{where}: cannot decode the video's sound track ({exc})", param="messages") from None
+    audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, dtype=np.float32)
+    if audio.size == 0:
+        raise InvalidRequestError(f"{where}: the video's sound track is empty", param="messages")
+    return audio
 
 
 def as_frames(video: Any, where: str = "video") -> np.ndarray:

@@ -221,6 +221,41 @@ def test_a_repeated_long_prompt_gives_the_same_result(omni: Omni) -> None:
     assert_same(again, first, "repeated long prompt")
 
 
+def test_an_image_and_a_sound_together_equal_transformers(omni: Omni, tiny_dir: Path) -> None:
+    """Audio beside an image: the talker's 3-D positions need the audio encoder's window size,
+    which only the thinker's config holds (transformers' talker raises AttributeError without it;
+    `omni_qwen3.reference` lends it the thinker's): codes and waveform equal transformers'."""
+    openai = [{"role": "user", "content": [*OPENAI["image"][0]["content"][:1], *OPENAI["audio"][0]["content"][:1],
+                                           {"type": "text", "text": "What do you see and hear?"}]}]
+    qwen = [{"role": "user", "content": [*REFERENCE["image"][0]["content"][:1], *REFERENCE["audio"][0]["content"][:1],
+                                         {"type": "text", "text": "What do you see and hear?"}]}]
+    (outcome,) = run(omni, [OmniRequest(messages=openai, modalities=WITH_CODES, params=GREEDY)])
+    reference = reference_generate(tiny_dir, qwen, model=load_model(tiny_dir), max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES)
+    assert reference.codes is not None and len(np.unique(reference.codes[0])) >= 3
+    assert_equal_reference(outcome, reference, "image and audio")
+
+
+def test_a_video_heard_through_its_sound_track_equals_transformers(omni: Omni, tiny_dir: Path) -> None:
+    """``use_audio_in_video`` end to end: the thinker hears the video's sound track interleaved with
+    its frames, the talker speaks from those rows with 3-D positions that interleave them alike;
+    thinker ids, talker codes and waveform equal transformers' ``generate(use_audio_in_video=True)``."""
+    pytest.importorskip("av")
+    from omni_qwen3.reference import moving_frames, mp4_bytes
+    from omni_qwen3.video import decode_video
+
+    raw = mp4_bytes(moving_frames(4, 32, 96), fps=4, audio=sine_wave(1.5, 330.0))
+    decoded = decode_video(raw, with_audio=True)
+    video_url = "data:video/mp4;base64," + base64.b64encode(raw).decode()
+    openai = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": video_url}}, {"type": "text", "text": "What is going on?"}]}]
+    qwen = [{"role": "user", "content": [{"type": "video", "video": decoded.frames, "audio": decoded.audio}, {"type": "text", "text": "What is going on?"}]}]
+    (outcome,) = run(omni, [OmniRequest(messages=openai, modalities=WITH_CODES, params=GREEDY,
+                                        extra={"mm_processor_kwargs": {"use_audio_in_video": True}})])
+    reference = reference_generate(tiny_dir, qwen, model=load_model(tiny_dir), max_new_tokens=MAX_TEXT,
+                                   talker_max_new_tokens=MAX_FRAMES, use_audio_in_video=True)
+    assert reference.codes is not None and len(np.unique(reference.codes[0])) >= 3
+    assert_equal_reference(outcome, reference, "use_audio_in_video")
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 

@@ -28,34 +28,23 @@ pytest.importorskip("transformers")
 av = pytest.importorskip("av")
 
 from omni_qwen3.inputs import Qwen3OmniInputProcessor  # noqa: E402
-from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, synthetic_image  # noqa: E402
+from omni_qwen3.reference import (  # noqa: E402
+    load_model,
+    moving_frames,
+    mp4_bytes,
+    prepare_inputs,
+    reference_generate,
+    sine_wave,
+    synthetic_image,
+)
 from omni_qwen3.video import QwenVideoProcessor, decode_video, processor_video_kwargs  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.engine.request import OmniRequest  # noqa: E402
 from omni_core.errors import InvalidRequestError  # noqa: E402
+from omni_core.outputs import StageInput  # noqa: E402
 
 MAX_TOKENS = 12
-
-
-def moving_frames(count: int = 5, height: int = 48, width: int = 64) -> np.ndarray:
-    """Synthetic RGB frames whose content moves from frame to frame (uint8 [T, H, W, 3])."""
-    t, y, x = np.mgrid[0:count, 0:height, 0:width]
-    return np.stack([(x * 4 + t * 30) % 256, (y * 5 + t * 10) % 256, (x + y + t * 50) % 256], -1).astype(np.uint8)
-
-
-def mp4_bytes(frames: np.ndarray, fps: int = 4) -> bytes:
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv444p"
-        stream.options = {"qp": "0"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
 
 
 def data_url(raw: bytes, mime: str = "video/mp4") -> str:
@@ -243,6 +232,125 @@ def test_talker_positions_for_a_video_prompt(tiny_dir: Path, hf_model: Any, proc
     positions, delta = talker_positions(config, ids, grids)
     expected, expected_delta = hf_model.talker.get_rope_index(
         ids[None], video_grid_thw=reference["video_grid_thw"], attention_mask=torch.ones_like(ids[None]),
+        second_per_grids=reference["video_second_per_grid"],
+    )
+    assert positions.tolist() == expected[:, 0].round().long().tolist()
+    assert delta == int(expected_delta.view(-1)[0])
+
+
+# -- a video's sound track (use_audio_in_video) ----------------------------------------------------
+
+AUDIO_IN_VIDEO = {"mm_processor_kwargs": {"use_audio_in_video": True}}
+
+
+def clip_with_sound(frames: int = 5, seconds: float = 1.25) -> bytes:
+    """An MP4 of moving frames (4 fps) with a sine tone as its AAC sound track."""
+    return mp4_bytes(moving_frames(frames), fps=4, audio=sine_wave(seconds, 330.0))
+
+
+def test_sound_track_decodes_to_16k_mono() -> None:
+    tone = sine_wave(1.0, 330.0)
+    decoded = decode_video(mp4_bytes(moving_frames(4), audio=tone), with_audio=True)
+    assert decoded.audio is not None and decoded.audio.dtype == np.float32 and decoded.audio.ndim == 1
+    # AAC adds a priming delay and pads its last frame: about a second, the tone's level, in tune.
+    assert 16000 <= len(decoded.audio) <= 16000 + 3 * 1024
+    assert 0.4 < np.abs(decoded.audio).max() < 0.6
+    spectrum = np.abs(np.fft.rfft(decoded.audio))
+    assert abs(spectrum.argmax() * 16000 / len(decoded.audio) - 330.0) < 5
+    assert decode_video(mp4_bytes(moving_frames(4))).audio is None  # decoded only when asked
+
+
+def test_use_audio_in_video_prompt_matches_the_reference(processor: Qwen3OmniInputProcessor, tiny_dir: Path) -> None:
+    raw = clip_with_sound()
+    inputs = processor(OmniRequest(messages=[{"role": "user", "content": [video_part(raw), {"type": "text", "text": "Hi"}]}], extra=AUDIO_IN_VIDEO))
+    data = inputs["thinker"].data
+    assert data["mm_processor_kwargs"] == {"use_audio_in_video": True}
+    decoded = decode_video(raw, with_audio=True)
+    ((sent_audio, rate),) = data["multi_modal_data"]["audio"]
+    (sent_frames,) = data["multi_modal_data"]["video"]
+    assert rate == 16000
+    np.testing.assert_array_equal(sent_audio, decoded.audio)
+    np.testing.assert_array_equal(sent_frames, decoded.frames)
+    qwen = [{"role": "user", "content": [{"type": "video", "video": decoded.frames, "audio": decoded.audio}, {"type": "text", "text": "Hi"}]}]
+    expected = prepare_inputs(tiny_dir, qwen, use_audio_in_video=True)["input_ids"][0].tolist()
+    config = json.loads((tiny_dir / "config.json").read_text())["thinker_config"]
+    # The reference interleaves frames and sound between <|audio_start|> and <|audio_end|> inside
+    # the video's <|vision_start|>..<|vision_end|>; the thinker's prompt has one video token there.
+    start, end = expected.index(config["audio_start_token_id"]), expected.index(config["audio_end_token_id"])
+    inside = expected[start + 1 : end]
+    assert {config["audio_token_id"], config["video_token_id"]} == set(inside)
+    assert inside[0] == config["video_token_id"] and inside.index(config["audio_token_id"]) < inside.count(config["video_token_id"])
+    assert data["prompt_token_ids"] == expected[:start] + [config["video_token_id"]] + expected[end + 1 :]
+    assert len(inside) == processor._video_tokens(sent_frames) + processor._audio_tokens(sent_audio)
+    # What the context check counts: the length the thinker will see.
+    assert processor.expanded_length(data["prompt_token_ids"], [sent_audio], [], [sent_frames], True) == len(expected)
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "match"),
+    [
+        ([video_part(mp4_bytes(moving_frames(4)))], AUDIO_IN_VIDEO, "has none"),
+        ([{"type": "video", "video": moving_frames(4)}], AUDIO_IN_VIDEO, "video_url"),
+        ([video_part(clip_with_sound()), {"type": "input_audio", "input_audio": {"data": base64.b64encode(_wav_bytes()).decode(), "format": "wav"}}],
+         AUDIO_IN_VIDEO, "sound track"),
+        ([video_part(clip_with_sound())], {"mm_processor_kwargs": {"fps": 2}}, "use_audio_in_video"),
+        ([video_part(clip_with_sound())], {"mm_processor_kwargs": {"use_audio_in_video": "yes"}}, "true or false"),
+        ([video_part(clip_with_sound())], {"mm_processor_kwargs": ["use_audio_in_video"]}, "object"),
+    ],
+)
+def test_bad_use_audio_in_video_requests(
+    processor: Qwen3OmniInputProcessor, content: list[dict[str, Any]], extra: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=match) as info:
+        processor(OmniRequest(messages=[{"role": "user", "content": content}], extra=extra))
+    assert info.value.param in ("messages", "mm_processor_kwargs")
+
+
+def test_use_audio_in_video_tokens_equal_transformers(omni: Any, tiny_dir: Path, hf_model: Any) -> None:
+    """vLLM's thinker hears the video's sound track, interleaved with its frames by time, exactly as
+    transformers' model does with ``use_audio_in_video``; without the flag the sound is not heard."""
+    raw = mp4_bytes(moving_frames(4, 32, 96), fps=4, audio=sine_wave(1.5, 330.0))
+    decoded = decode_video(raw, with_audio=True)
+    openai = [{"role": "user", "content": [video_part(raw), {"type": "text", "text": "What is going on?"}]}]
+    qwen = [{"role": "user", "content": [{"type": "video", "video": decoded.frames, "audio": decoded.audio},
+                                         {"type": "text", "text": "What is going on?"}]}]
+    params = {"thinker": {"max_tokens": MAX_TOKENS, "temperature": 0.0}}
+    heard, unheard = omni.generate([OmniRequest(messages=openai, params=params, extra=AUDIO_IN_VIDEO), OmniRequest(messages=openai, params=params)])
+    reference = reference_generate(tiny_dir, qwen, model=hf_model, return_audio=False, max_new_tokens=MAX_TOKENS, use_audio_in_video=True)
+    assert len(set(reference.thinker_ids)) >= 3, "the tiny model's greedy output should vary"
+    assert heard.prompt_token_ids == reference.prompt_ids
+    assert heard.token_ids == reference.thinker_ids
+    assert len(unheard.prompt_token_ids) < len(heard.prompt_token_ids)
+
+
+def test_talker_positions_with_audio_in_video(tiny_dir: Path, hf_model: Any, processor: Qwen3OmniInputProcessor) -> None:
+    import torch
+
+    from omni_qwen3.edges import talker_positions
+    from omni_qwen3.thinker import ThinkerModel, _media_sizes
+
+    raw = clip_with_sound()
+    request = OmniRequest(
+        messages=[{"role": "user", "content": [video_part(raw), {"type": "text", "text": "Hi"}]}],
+        modalities=("text", "audio"), extra=AUDIO_IN_VIDEO,
+    )
+    data = processor(request)["thinker"].data
+    decoded = decode_video(raw, with_audio=True)
+    qwen = [{"role": "user", "content": [{"type": "video", "video": decoded.frames, "audio": decoded.audio}, {"type": "text", "text": "Hi"}]}]
+    reference = prepare_inputs(tiny_dir, qwen, use_audio_in_video=True)
+    thinker = ThinkerModel()
+    thinker.capture_hidden_states, thinker._model_path = True, str(tiny_dir)  # what loading it sets
+    grids = thinker.prompt_info(StageInput(data=data))  # the thinker's first chunk to the talker
+    assert grids == {**_media_sizes(str(tiny_dir), data["multi_modal_data"]), "use_audio_in_video": True}
+    ids = reference["input_ids"][0]
+    config = json.loads((tiny_dir / "config.json").read_text())
+    positions, delta = talker_positions(config, ids, grids)
+    # transformers' talker cannot compute these (its config has no audio_config: AttributeError);
+    # the same function on the thinker, whose token ids the talker's config shares, can.
+    assert all(config["talker_config"][k] == config["thinker_config"][k] for k in ("audio_start_token_id", "vision_start_token_id", "video_token_id"))
+    expected, expected_delta = hf_model.thinker.get_rope_index(
+        ids[None], video_grid_thw=reference["video_grid_thw"], attention_mask=torch.ones_like(ids[None]),
+        use_audio_in_video=True, audio_seqlens=reference["feature_attention_mask"].sum(-1),
         second_per_grids=reference["video_second_per_grid"],
     )
     assert positions.tolist() == expected[:, 0].round().long().tolist()
