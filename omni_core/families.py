@@ -14,6 +14,9 @@ class PipelineFamily:
       `diffusers_classes` against a diffusers ``model_index.json`` ``_class_name``.
     - `make_tiny`: lazy reference to ``(directory: pathlib.Path, size: str) -> None`` writing a tiny
       random-weight checkpoint of the real architecture; enables ``omni-tiny/<name>``.
+    - `tiny_format`: the version of what `make_tiny` writes. Raise it when that changes: an
+      ``omni-tiny/<name>`` checkpoint cached by an older version is then written afresh (beside the
+      old one, which a running process may still read) instead of being reused.
     """
 
     name: str
@@ -22,4 +25,5 @@ class PipelineFamily:
     model_types: tuple[str, ...] = ()
     diffusers_classes: tuple[str, ...] = ()
     make_tiny: str | None = None
+    tiny_format: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
     description: str = ""

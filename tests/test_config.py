@@ -488,6 +488,21 @@ def test_omni_tiny_is_created_once_then_reused(host, tmp_path, monkeypatch):
     assert sorted(p.name for p in target.parent.iterdir() if not p.name.endswith(".lock")) == ["toy"]
 
 
+def test_omni_tiny_of_a_new_format_is_written_afresh(host, tmp_path, monkeypatch):
+    """A family whose tiny checkpoint changed (`tiny_format`) does not reuse one an older plugin
+    cached; the old one stays where it is (a running process may still read it)."""
+    monkeypatch.setenv("OMNI_CACHE", str(tmp_path / "cache"))
+    TINY_CALLS.clear()
+    old = resolve_model_path("omni-tiny/toy", host)
+    newer = attrs.evolve(host, families={"toy": attrs.evolve(host.families["toy"], tiny_format=2)})
+    new = resolve_model_path("omni-tiny/toy", newer)
+    assert old == tmp_path / "cache" / "tiny" / "toy" and new == tmp_path / "cache" / "tiny" / "toy.v2"
+    assert len(TINY_CALLS) == 2 and (old / "config.json").is_file() and (new / "config.json").is_file()
+    assert resolve_model_path("omni-tiny/toy", newer) == new and len(TINY_CALLS) == 2  # then reused
+    with pytest.raises(ValueError):
+        attrs.evolve(host.families["toy"], tiny_format=0)
+
+
 def test_omni_tiny_unknown_family(host, tmp_path, monkeypatch):
     monkeypatch.setenv("OMNI_CACHE", str(tmp_path))
     with pytest.raises(UnknownModelError, match="omni-tiny/toy"):

@@ -35,7 +35,8 @@ def resolve_model_path(model_ref: str, plugins: PluginHost) -> Path:
     """Turn a model reference into a local checkpoint directory.
 
     Tried in order: an existing local directory; ``omni-tiny/<family>`` (written on first use into
-    ``<cache>/tiny/<family>`` by the family's ``make_tiny``); a hub id ``org/name`` found in the
+    ``<cache>/tiny/<family>`` by the family's ``make_tiny``, ``<family>.v<N>`` from its
+    ``tiny_format`` 2 on); a hub id ``org/name`` found in the
     local Hugging Face cache. Anything else raises `UnknownModelError` saying what was tried.
     """
     if not model_ref.strip():
@@ -87,7 +88,8 @@ def _tiny_checkpoint(family_name: str, plugins: PluginHost) -> Path:
             "(install the family's plugin, e.g. `pip install omni-qwen3`)"
         )
     root = cache_dir() / "tiny"
-    target = root / family_name
+    # A new format gets a directory of its own: one written by an older plugin is never reused.
+    target = root / (family_name if family.tiny_format == 1 else f"{family_name}.v{family.tiny_format}")
     if target.is_dir():
         return target
     root.mkdir(parents=True, exist_ok=True)

@@ -80,7 +80,7 @@ class Qwen3OmniInputProcessor:
         if audio_in_video and "audio_end_token_id" not in self.thinker_config:
             raise InvalidRequestError(
                 "use_audio_in_video needs thinker_config.audio_end_token_id, which this checkpoint's "
-                "config.json lacks (an omni-tiny checkpoint from an older omni-qwen3? delete it to rewrite it)",
+                "config.json lacks (a tiny checkpoint written by an omni-qwen3 older than tiny format 2?)",
                 param="mm_processor_kwargs",
             )
         if audio_in_video and len(audios) != len(videos):

@@ -13,6 +13,7 @@ FAMILY = PipelineFamily(
     architectures=("Qwen3OmniMoeForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
     model_types=("qwen3_omni_moe",),
     make_tiny="omni_qwen3.tiny:make_tiny",
+    tiny_format=2,  # 2: thinker_config has audio_end_token_id / vision_end_token_id (use_audio_in_video)
     description="Qwen3-Omni (thinker -> talker -> code2wav): text, audio and image in; text and speech out",
 )
 
