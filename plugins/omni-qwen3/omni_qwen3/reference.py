@@ -140,10 +140,13 @@ def prepare_inputs(model_dir: str | Path, messages: Messages | str, use_audio_in
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], **features}
 
 
+def _is_video(part: dict[str, Any]) -> bool:
+    """A video part (``type`` video, or untyped with a ``video``): it may carry an ``audio`` too."""
+    return part.get("type") == "video" or (part.get("type") is None and "video" in part)
+
+
 def _without_sound_track(part: dict[str, Any]) -> dict[str, Any]:
-    if part.get("type") == "video" or (part.get("type") is None and "video" in part):
-        return {k: v for k, v in part.items() if k != "audio"}
-    return part
+    return {k: v for k, v in part.items() if k != "audio"} if _is_video(part) else part
 
 
 def _interleave_audio_in_video(
@@ -395,7 +398,7 @@ def _collect_media(messages: Messages, use_audio_in_video: bool = False) -> tupl
             continue
         for part in content:
             kind = part.get("type")
-            if kind == "video" or (kind is None and "video" in part):
+            if _is_video(part):
                 fps = part.get("fps")
                 videos.append(DecodedVideo(frames=as_frames(part["video"]), fps=None if fps is None else float(fps)))
                 if use_audio_in_video:

@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("transformers")
 
-from omni_qwen3.reference import ReferenceOutput, load_model, reference_generate, paired_requests, sine_wave, synthetic_image  # noqa: E402
+from omni_qwen3.reference import ReferenceOutput, reference_generate, paired_requests, sine_wave, synthetic_image  # noqa: E402
 
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.resolved import ResolvedPipeline  # noqa: E402
@@ -117,8 +117,7 @@ def assert_same(a: Outcome, b: Outcome, what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def references(tiny_dir: Path) -> dict[str, ReferenceOutput]:
-    model = load_model(tiny_dir)
+def references(tiny_dir: Path, model: Any) -> dict[str, ReferenceOutput]:
     refs = {
         name: reference_generate(tiny_dir, messages, model=model, max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES)
         for name, messages in REFERENCE.items()
@@ -221,7 +220,7 @@ def test_a_repeated_long_prompt_gives_the_same_result(omni: Omni) -> None:
     assert_same(again, first, "repeated long prompt")
 
 
-def test_an_image_and_a_sound_together_equal_transformers(omni: Omni, tiny_dir: Path) -> None:
+def test_an_image_and_a_sound_together_equal_transformers(omni: Omni, tiny_dir: Path, model: Any) -> None:
     """Audio beside an image: the talker's 3-D positions need the audio encoder's window size,
     which only the thinker's config holds (transformers' talker raises AttributeError without it;
     `omni_qwen3.reference` lends it the thinker's): codes and waveform equal transformers'."""
@@ -230,12 +229,12 @@ def test_an_image_and_a_sound_together_equal_transformers(omni: Omni, tiny_dir: 
     qwen = [{"role": "user", "content": [*REFERENCE["image"][0]["content"][:1], *REFERENCE["audio"][0]["content"][:1],
                                          {"type": "text", "text": "What do you see and hear?"}]}]
     (outcome,) = run(omni, [OmniRequest(messages=openai, modalities=WITH_CODES, params=GREEDY)])
-    reference = reference_generate(tiny_dir, qwen, model=load_model(tiny_dir), max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES)
+    reference = reference_generate(tiny_dir, qwen, model=model, max_new_tokens=MAX_TEXT, talker_max_new_tokens=MAX_FRAMES)
     assert reference.codes is not None and len(np.unique(reference.codes[0])) >= 3
     assert_equal_reference(outcome, reference, "image and audio")
 
 
-def test_a_video_heard_through_its_sound_track_equals_transformers(omni: Omni, tiny_dir: Path) -> None:
+def test_a_video_heard_through_its_sound_track_equals_transformers(omni: Omni, tiny_dir: Path, model: Any) -> None:
     """``use_audio_in_video`` end to end: the thinker hears the video's sound track interleaved with
     its frames, the talker speaks from those rows with 3-D positions that interleave them alike;
     thinker ids, talker codes and waveform equal transformers' ``generate(use_audio_in_video=True)``."""
@@ -250,7 +249,7 @@ def test_a_video_heard_through_its_sound_track_equals_transformers(omni: Omni, t
     qwen = [{"role": "user", "content": [{"type": "video", "video": decoded.frames, "audio": decoded.audio}, {"type": "text", "text": "What is going on?"}]}]
     (outcome,) = run(omni, [OmniRequest(messages=openai, modalities=WITH_CODES, params=GREEDY,
                                         extra={"mm_processor_kwargs": {"use_audio_in_video": True}})])
-    reference = reference_generate(tiny_dir, qwen, model=load_model(tiny_dir), max_new_tokens=MAX_TEXT,
+    reference = reference_generate(tiny_dir, qwen, model=model, max_new_tokens=MAX_TEXT,
                                    talker_max_new_tokens=MAX_FRAMES, use_audio_in_video=True)
     assert reference.codes is not None and len(np.unique(reference.codes[0])) >= 3
     assert_equal_reference(outcome, reference, "use_audio_in_video")
