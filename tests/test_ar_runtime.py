@@ -440,6 +440,30 @@ def test_unknown_engine_argument_is_a_config_error(tiny_lm: Path) -> None:
         runtime.load()
 
 
+def test_checkpoint_dtype_runs_the_weights_as_stored(tiny_lm: Path, tmp_path: Path) -> None:
+    import json
+
+    import torch
+
+    # vLLM's "auto" would run this float32 checkpoint in bfloat16 on CPU; "checkpoint" keeps float32.
+    runtime = _runtime(tiny_lm, f"{__name__}:plain_lm", streaming=False, dtype="checkpoint")
+    try:
+        assert runtime._engine().model_config.dtype == torch.float32
+    finally:
+        runtime.close()
+    # The dtype named by the checkpoint's config.json reaches vLLM.
+    bf16 = tmp_path / "bf16"
+    bf16.mkdir()
+    for file in tiny_lm.iterdir():
+        (bf16 / file.name).symlink_to(file)
+    config = json.loads((tiny_lm / "config.json").read_text())
+    (bf16 / "config.json").unlink()
+    (bf16 / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+    runtime = _runtime(bf16, f"{__name__}:plain_lm", streaming=False, load=False, dtype="checkpoint")
+    runtime.model_part = ARModel()
+    assert runtime.engine_args()["dtype"] == "bfloat16"
+
+
 def test_model_ref_must_be_an_ar_model(tiny_lm: Path) -> None:
     runtime = _runtime(tiny_lm, f"{__name__}:PROMPT_LENGTHS", streaming=True, load=False)
     with pytest.raises(ConfigError, match="not an omni_core.stages.ar_model.ARModel"):

@@ -23,8 +23,10 @@ from omni_core.config import (
     ResolvedPipeline,
     StageDeploy,
     StageSpec,
+    checkpoint_dtype,
     read_hf_config,
     resolve,
+    resolve_dtype,
     resolve_model_path,
     resolve_pipeline,
 )
@@ -56,7 +58,7 @@ class ToyAROptions:
     """Options of the toy ``ar`` kind."""
 
     max_num_seqs: int = 8
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "checkpoint"] = "float32"
     quantization: str | None = None
     layers: tuple[int, ...] = ()
 
@@ -546,3 +548,54 @@ def test_unknown_reference(host, tmp_path, monkeypatch, ref, message):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UnknownModelError, match=message):
         resolve(ref, plugins=host)
+
+
+def _safetensors(path: Path, tensors: dict[str, tuple[str, int]]) -> None:
+    """A safetensors file by hand (no torch here): name -> (dtype, bytes)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, size) in tensors.items():
+        width = {"I64": 8, "F32": 4}.get(dtype, 2)
+        header[name] = {"dtype": dtype, "shape": [size // width], "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(offset))
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"dtype": "bfloat16"}, "bfloat16"),
+        ({"torch_dtype": "float16"}, "float16"),
+        ({"torch_dtype": "torch.float32"}, "float32"),
+    ],
+)
+def test_checkpoint_dtype_from_the_config(tmp_path, config, expected):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"], **config}))
+    _safetensors(tmp_path / "model.safetensors", {"w": ("F32", 8)})  # the config wins
+    assert checkpoint_dtype(tmp_path) == expected
+    assert resolve_dtype("checkpoint", tmp_path) == expected
+    assert resolve_dtype("float16", tmp_path) == "float16"  # any other value is kept
+
+
+def test_checkpoint_dtype_from_the_weights_and_its_errors(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["X"]}))
+    with pytest.raises(ConfigError, match="names no dtype"):
+        checkpoint_dtype(tmp_path)
+    # The first floating-point tensor of the first shard (integer buffers are skipped).
+    _safetensors(tmp_path / "model-00001-of-00002.safetensors", {"ids": ("I64", 16), "w": ("BF16", 4)})
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors", {"v": ("F32", 4)})
+    assert checkpoint_dtype(tmp_path) == "bfloat16"
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(ConfigError, match="cannot read the header"):
+        checkpoint_dtype(tmp_path)
+
+
+def test_checkpoint_dtype_is_checked_before_anything_starts(host, checkpoint):
+    # The toy checkpoint's config names no dtype and it has no weights.
+    with pytest.raises(ConfigError, match="names no dtype") as error:
+        resolve(str(checkpoint), overrides=["talker.dtype=checkpoint"], plugins=host)
+    assert error.value.key == "stages.talker.options.dtype"
+    (checkpoint / "config.json").write_text(json.dumps({"architectures": ["ToyForOmni"], "torch_dtype": "bfloat16"}))
+    resolved = resolve(str(checkpoint), overrides=["talker.dtype=checkpoint"], plugins=host)
+    assert resolved.stage("talker").options["dtype"] == "checkpoint"  # the stage resolves it where it loads

@@ -334,6 +334,21 @@ def test_options_are_validated_and_override_the_model(checkpoint: Path) -> None:
     assert (default.chunk_size, default.left_context) == (config.chunk_size, config.left_context)
 
 
+def test_checkpoint_dtype_loads_the_weights_as_stored(checkpoint: Path, tmp_path: Path) -> None:
+    # The toy checkpoint's config names no dtype: its float32 weights decide.
+    assert next(vocoder(make_runtime(checkpoint, dtype="checkpoint")).net.parameters()).dtype == torch.float32
+    bf16 = tmp_path / "bf16"
+    write_vocoder(bf16 / "vocoder", vocab_size=VOCAB, input_hidden_size=HIDDEN, seed=3)
+    (bf16 / "config.json").write_text('{"dtype": "bfloat16"}')
+    runtime = make_runtime(bf16, dtype="checkpoint")
+    assert {p.dtype for p in vocoder(runtime).net.parameters()} == {torch.bfloat16}
+    codes = random_codes({"a": 12})
+    chunks = run_to_end(runtime, [("a", StageInput(data={"codes": codes["a"]}, final=True))])
+    assert_well_formed(chunks["a"])  # float32 audio out of a bfloat16 decoder
+    reference = full_decode(make_runtime(checkpoint), codes["a"])
+    assert np.abs(joined(chunks["a"]) - reference).max() < 0.05 * np.abs(reference).max()
+
+
 def test_use_before_load_is_a_clear_error(checkpoint: Path) -> None:
     runtime = make_runtime(checkpoint)
     runtime.close()

@@ -4,7 +4,13 @@
 from __future__ import annotations
 
 from omni_core.config.deploy import DeployConfig, EdgeDeploy, StageDeploy
-from omni_core.config.modelref import cache_dir, read_hf_config, resolve_model_path
+from omni_core.config.modelref import (
+    cache_dir,
+    checkpoint_dtype,
+    read_hf_config,
+    resolve_dtype,
+    resolve_model_path,
+)
 from omni_core.config.pipeline import MODALITIES, EdgeSpec, PipelineConfig, StageSpec
 from omni_core.config.resolve import resolve, resolve_pipeline, structure_config
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
@@ -21,8 +27,10 @@ __all__ = [
     "StageDeploy",
     "StageSpec",
     "cache_dir",
+    "checkpoint_dtype",
     "read_hf_config",
     "resolve",
+    "resolve_dtype",
     "resolve_model_path",
     "resolve_pipeline",
     "structure_config",

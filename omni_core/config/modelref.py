@@ -139,3 +139,69 @@ def _hub_snapshot(repo_id: str) -> Path:
             f"({type(exc).__name__}); download it first (`huggingface-cli download {repo_id}`) "
             "or pass a checkpoint directory"
         ) from exc
+
+
+CHECKPOINT_DTYPE = "checkpoint"
+"""A stage's ``dtype`` option that means the checkpoint's own dtype (`checkpoint_dtype`)."""
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def checkpoint_dtype(path: str | Path) -> str:
+    """The dtype a checkpoint's weights are stored in: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+
+    As transformers' ``torch_dtype="auto"``: the ``dtype`` (or older ``torch_dtype``) of its
+    ``config.json``, else the first floating-point tensor of its first safetensors file (read from
+    the file's header only); then the same in its component folders (a diffusers-style layout).
+    """
+    directory = Path(path)
+    folders = [directory]
+    if directory.is_dir():
+        folders += sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for folder in folders:
+        found = _config_dtype(folder) or _weights_dtype(folder)
+        if found is not None:
+            return found
+    raise ConfigError(
+        f"dtype {CHECKPOINT_DTYPE!r}: {directory} names no dtype (config.json's dtype / torch_dtype) and has no "
+        "floating-point safetensors weights; set the stage's dtype to float32, bfloat16 or float16"
+    )
+
+
+def resolve_dtype(dtype: str, path: str | Path) -> str:
+    """`dtype` itself, or the checkpoint's at `path` when it is ``"checkpoint"``."""
+    return checkpoint_dtype(path) if dtype == CHECKPOINT_DTYPE else dtype
+
+
+def _config_dtype(folder: Path) -> str | None:
+    if not (folder / "config.json").is_file():
+        return None
+    config = read_hf_config(folder)
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        name = value.removeprefix("torch.") if isinstance(value, str) else None
+        if name in _DTYPES:
+            return name
+    return None
+
+
+def _weights_dtype(folder: Path) -> str | None:
+    for file in sorted(folder.glob("*.safetensors")):
+        for info in _safetensors_header(file).values():
+            if isinstance(info, dict) and info.get("dtype") in _SAFETENSORS_DTYPES:
+                return _SAFETENSORS_DTYPES[info["dtype"]]
+    return None
+
+
+def _safetensors_header(file: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (an 8-byte little-endian length, then the JSON)."""
+    try:
+        with file.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            if not 2 <= size <= 100 << 20:
+                raise ValueError(f"header length {size}")
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"dtype {CHECKPOINT_DTYPE!r}: cannot read the header of {file}: {exc}") from exc
+    return header if isinstance(header, dict) else {}

@@ -17,7 +17,7 @@ import attrs
 import yaml
 
 from omni_core.config.deploy import DeployConfig, EdgeDeploy, StageDeploy
-from omni_core.config.modelref import read_hf_config, resolve_model_path
+from omni_core.config.modelref import CHECKPOINT_DTYPE, checkpoint_dtype, read_hf_config, resolve_model_path
 from omni_core.config.overrides import STAGE_FIELDS, deep_merge, overrides_to_dict, unknown_name_message
 from omni_core.config.pipeline import MODALITIES, PipelineConfig, StageSpec
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
@@ -98,6 +98,8 @@ def resolve_pipeline(
             options_classes[spec.kind] = _options_class(spec.kind, runtime_ref)
         stage_deploy = stage_deploys[spec.name]
         options = _check_options(spec, stage_deploy, options_classes[spec.kind], plugins)
+        if options.get("dtype") == CHECKPOINT_DTYPE:
+            _check_checkpoint_dtype(spec.name, model_path)
         inputs = tuple(
             _resolve_edge(edge.source, spec.name, edge.adapter, deploy_config, raw, stage_deploys, plugins)
             for edge in spec.inputs
@@ -399,6 +401,14 @@ def _check_options(
             key=f"{key}.quantization",
         )
     return _plain(STRICT.unstructure(options))
+
+
+def _check_checkpoint_dtype(stage: str, model_path: str) -> None:
+    """``dtype: checkpoint`` needs a checkpoint that says its dtype: fail now, not in the stage."""
+    try:
+        checkpoint_dtype(model_path)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), key=f"stages.{stage}.options.dtype") from exc
 
 
 def _plain(value: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from omni_core.config.modelref import CHECKPOINT_DTYPE, checkpoint_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.outputs import Chunk, Payload, StageInput
@@ -47,6 +48,9 @@ class AROptions:
     input is final); fewer means lower latency but more resumptions (each re-prefills the request).
     `admission_window_ms`: when the stage is idle, how long its first new request waits for others
     sent with it, so they prefill together and move through the pipeline as one batch (0: never).
+    `dtype`: vLLM's (``auto``: the checkpoint's, but float32 checkpoints run in bfloat16 on CPU), or
+    ``checkpoint``: exactly the dtype the checkpoint's weights are stored in (transformers'
+    ``torch_dtype="auto"``; `omni_core.config.modelref.checkpoint_dtype`).
     """
 
     max_num_seqs: int = attrs.field(default=32, validator=_positive)
@@ -178,6 +182,8 @@ class ARStageRuntime(StageRuntime):
         # Either side may need prompt embeddings (the model part for a Talker-like stage).
         args["enable_prompt_embeds"] = opts.enable_prompt_embeds or bool(model_args.get("enable_prompt_embeds"))
         args.update(opts.engine_args)
+        if args.get("dtype") == CHECKPOINT_DTYPE:
+            args["dtype"] = checkpoint_dtype(args["model"])
         return args
 
     def close(self) -> None:

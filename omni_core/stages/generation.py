@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from omni_core.config.modelref import CHECKPOINT_DTYPE, resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
@@ -24,7 +25,7 @@ from omni_core.stages.generation_model import DecodeBatch, DecodeItem, Generatio
 if TYPE_CHECKING:
     import torch
 
-Dtype = Literal["float32", "bfloat16", "float16"]
+Dtype = Literal["float32", "bfloat16", "float16", "checkpoint"]
 
 
 def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
@@ -37,8 +38,8 @@ class GenerationOptions:
     """Deploy options of a ``generation`` stage.
 
     - `max_batch_size`: most requests decoded in one step.
-    - `dtype`: weights' dtype; `device`: ``None`` picks the stage's first device, else CUDA when
-      available, else CPU.
+    - `dtype`: weights' dtype (``checkpoint``: the dtype the checkpoint stores them in); `device`:
+      ``None`` picks the stage's first device, else CUDA when available, else CPU.
     - `chunk_size` / `left_context`: override the model part's values (e.g. smaller chunks for a
       lower time to first audio); ``None`` keeps them.
     - `first_chunk_size`: frames of a request's first chunk when streaming (``None``: `chunk_size`);
@@ -58,7 +59,9 @@ class GenerationOptions:
     max_batch_frames: int | None = attrs.field(default=None, validator=_positive_or_none)
     first_chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
     max_chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
-    dtype: Dtype = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16")))
+    dtype: Dtype = attrs.field(
+        default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE))
+    )
     device: str | None = None
     chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
     left_context: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
@@ -118,7 +121,7 @@ class GenerationStageRuntime(StageRuntime):
         model = self.build_model_part(GenerationModel)
         if progress is not None:
             progress(f"loading {self.stage.name}", 0.0)
-        model.load(self.device(), self.options.dtype)
+        model.load(self.device(), resolve_dtype(self.options.dtype, self.pipeline.model_path))
         self.chunk_size = self.options.chunk_size or model.chunk_size
         self.left_context = model.left_context if self.options.left_context is None else self.options.left_context
         if self.chunk_size < 1 or self.left_context < 0 or model.samples_per_frame < 1:

@@ -65,7 +65,7 @@ def test_default_deploy_resolves(tiny_dir: Path) -> None:
     assert resolved.family == "qwen3-omni" and resolved.streaming
     for stage in resolved.stages:
         assert stage.placement == "process"
-        assert stage.options["dtype"] == "float32"
+        assert stage.options["dtype"] == "checkpoint"  # float32 for this tiny checkpoint (test_dtype.py)
     assert resolved.stage("thinker").options["kv_cache_memory_bytes"] == 256 << 20
     assert [edge.connector for s in resolved.stages for edge in s.inputs] == ["shm", "shm"]
     # A request's stop ids add to the pipeline's end-of-turn id, never replace it.
