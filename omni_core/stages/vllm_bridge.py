@@ -183,7 +183,9 @@ def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingPar
             )
     kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
     try:
-        return SamplingParams.from_optional(**params, output_kind=kind)
+        # A fresh object per request: vLLM need not deep-copy it on add_request (with a talker's
+        # allowed_token_ids list that copy costs most of adding the request).
+        return SamplingParams.from_optional(**params, output_kind=kind, skip_clone=True)
     except (ValueError, TypeError, VLLMError) as exc:
         raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from exc
 
