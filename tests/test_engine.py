@@ -232,6 +232,21 @@ async def test_replicas_share_the_load():
         assert engine.groups["s0"].load == [0, 0]
 
 
+async def test_input_processor_loads_while_the_stages_start():
+    import threading
+
+    pipeline = attrs.evolve(passthrough_pipeline(stages=2), input_processor="omni_core.testing.fakes:LoadingProcessor")
+    async with AsyncOmniEngine(pipeline) as engine:
+        # Loaded by start(), off the event loop's thread: the first request does not wait for it.
+        assert engine._input_processor.loaded_in not in (None, threading.current_thread().name)
+        deltas = await collect(engine, OmniRequest(prompt="a"))
+        assert deltas[0].data["prompt"] == "a"
+    engine = AsyncOmniEngine(attrs.evolve(pipeline, input_processor="omni_core.testing.fakes:FailingLoadProcessor"))
+    with pytest.raises(OSError, match="tokenizer.json"):
+        await engine.start()
+    assert not engine._started and not engine._connectors  # stopped what it had started
+
+
 async def test_input_processor_sets_params_of_later_stages():
     pipeline = attrs.evolve(passthrough_pipeline(stages=2), input_processor="omni_core.testing.fakes:ParamsForLaterStages")
     async with AsyncOmniEngine(pipeline) as engine:

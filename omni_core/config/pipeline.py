@@ -57,7 +57,9 @@ class PipelineConfig:
 
     `input_processor` is a lazy reference to a factory ``(pipeline) -> processor``; the processor is
     called as ``processor(request) -> dict[str, StageInput]`` (in a worker thread) giving the input of
-    each entry stage (``None``: the core's text-prompt processor). `default_deploy` is a
+    each entry stage (``None``: the core's text-prompt processor); its optional ``load()`` runs (in a
+    worker thread) while the engine starts the stages, for what it would otherwise load on the first
+    request (a tokenizer, processor settings). `default_deploy` is a
     package resource ``"package:path/to/deploy.yaml"``. `default_modalities` are produced when a
     request names none.
     """

@@ -74,6 +74,9 @@ class AsyncOmniEngine:
             for group in self.groups.values():
                 group.start()
             waits = [group.wait_ready() for group in self.groups.values()]
+            load = getattr(self._input_processor, "load", None)
+            if load is not None:  # its tokenizer etc., while the stages start: not on the first request
+                waits.append(asyncio.to_thread(load))
             await asyncio.wait_for(asyncio.gather(*waits), timeout)
         except BaseException:
             await self.shutdown()

@@ -139,6 +139,33 @@ def passthrough_pipeline(
     )
 
 
+class LoadingProcessor:
+    """An input processor with a ``load()`` (as one that loads a tokenizer): it records the thread
+    that loaded it, and refuses requests before that."""
+
+    def __init__(self, pipeline: ResolvedPipeline) -> None:
+        self.pipeline = pipeline
+        self.loaded_in: str | None = None
+
+    def load(self) -> None:
+        import threading
+
+        time.sleep(0.2)
+        self.loaded_in = threading.current_thread().name
+
+    def __call__(self, request: Any) -> dict[str, StageInput]:
+        if self.loaded_in is None:
+            raise RuntimeError("the input processor was called before load()")
+        return {self.pipeline.stages[0].name: StageInput(data={"prompt": request.prompt})}
+
+
+class FailingLoadProcessor(LoadingProcessor):
+    """A `LoadingProcessor` whose ``load()`` fails (an unreadable tokenizer)."""
+
+    def load(self) -> None:
+        raise OSError("tokenizer.json is unreadable (on purpose)")
+
+
 class ParamsForLaterStages:
     """An input processor that also sets parameters of a non-entry stage (``s1``: repeat twice)."""
 

@@ -197,15 +197,11 @@ class ThinkerToTalker:
     """
 
     def __init__(self, pipeline: ResolvedPipeline, edge: ResolvedEdge | None = None) -> None:
-        self.model_path = pipeline.model_path
-        self._weights: TalkerWeights | None = None
+        from omni_qwen3.talker import TalkerWeights
 
-    def weights(self) -> TalkerWeights:
-        if self._weights is None:
-            from omni_qwen3.talker import TalkerWeights
-
-            self._weights = TalkerWeights(self.model_path)
-        return self._weights
+        # Loaded with the talker's worker, not by its first request (the thinker's embedding table
+        # alone is hundreds of MB in the released checkpoint).
+        self.weights = TalkerWeights(pipeline.model_path)
 
     def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
         import torch
@@ -238,7 +234,7 @@ class ThinkerToTalker:
             state["thinker_embeds"], state["thinker_hidden"] = [embeds], [hidden]
             return None
         built = build_talker_input(
-            self.weights(), state["prompt_ids"], embeds, hidden, final=chunk.final, grids=state.get("grids")
+            self.weights, state["prompt_ids"], embeds, hidden, final=chunk.final, grids=state.get("grids")
         )
         state["started"] = True
         out: dict[str, Any] = {
@@ -259,7 +255,7 @@ class ThinkerToTalker:
         rows = [part.to(torch.float32) for part in state.pop("thinker_embeds", [])]
         state.pop("thinker_hidden", None)
         if final:
-            weights = self.weights()
+            weights = self.weights
             rows.append(weights.thinker_embedding([weights.config["tts_eos_token_id"]]))
         if not rows:
             return None

@@ -52,8 +52,8 @@ TALKER = "talker"
 class Qwen3OmniInputProcessor:
     """Turns requests into stage inputs for the ``thinker`` (and the voice for the ``talker``).
 
-    Built once per engine from the resolved pipeline (tokenizer and processor settings load on the
-    first request); called in a worker thread per request.
+    Built once per engine from the resolved pipeline (the tokenizer loads with the engine, `load`;
+    media processor settings on first use); called in a worker thread per request.
     """
 
     def __init__(self, pipeline: ResolvedPipeline) -> None:
@@ -254,6 +254,11 @@ class Qwen3OmniInputProcessor:
         return self.video_processor.num_tokens(count, height, width, **processor_video_kwargs())
 
     # -- lazily loaded parts ---------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load the tokenizer now (seconds: transformers' tokenization stack), which every request
+        needs; the engine calls this while its stages start. The media processors stay lazy."""
+        self.tokenizer  # noqa: B018 - a cached property: reading it loads it
 
     @functools.cached_property
     def tokenizer(self) -> Any:

@@ -135,6 +135,9 @@ def omni(tiny_dir: Path) -> Iterator[Omni]:
     assert pipeline.streaming and all(s.placement == "process" for s in pipeline.stages)
     assert {e.connector for s in pipeline.stages for e in s.inputs} == {"shm"}
     with Omni(tapped(pipeline)) as engine:
+        # The tokenizer loaded while the stages started (`Qwen3OmniInputProcessor.load`), so the first
+        # request does not wait seconds for it.
+        assert "tokenizer" in vars(engine._omni.engine._input_processor)
         yield engine
 
 

@@ -231,6 +231,16 @@ def test_batched_requests_equal_alone(talker: Any, cases: Any, tiny_dir: Path, m
     np.testing.assert_array_equal(codes["short"], cases["audio"][0].codes[:, :4])
 
 
+def test_the_edge_adapter_loads_with_the_stage(talker: Any, tiny_dir: Path) -> None:
+    # Its projections and embedding tables are read when the talker's worker builds it, so the
+    # first request does not wait for them.
+    runtime, _ = talker
+    adapter = ThinkerToTalker(runtime.pipeline)  # no chunk has reached it
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert adapter.weights.codec_embedding.shape[0] == config["talker_config"]["text_config"]["vocab_size"]
+    assert adapter.weights.thinker_embedding([0]).shape[1] == config["thinker_config"]["text_config"]["hidden_size"]
+
+
 def test_unknown_speaker_is_rejected(talker: Any, cases: Any) -> None:
     runtime, adapter = talker
     with pytest.raises(InvalidRequestError, match="speaker"):
