@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from omni_core.config.modelref import CHECKPOINT_DTYPE, checkpoint_dtype
+from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.outputs import Chunk, Payload, StageInput
@@ -182,8 +182,7 @@ class ARStageRuntime(StageRuntime):
         # Either side may need prompt embeddings (the model part for a Talker-like stage).
         args["enable_prompt_embeds"] = opts.enable_prompt_embeds or bool(model_args.get("enable_prompt_embeds"))
         args.update(opts.engine_args)
-        if args.get("dtype") == CHECKPOINT_DTYPE:
-            args["dtype"] = checkpoint_dtype(args["model"])
+        args["dtype"] = resolve_dtype(args["dtype"], args["model"])
         return args
 
     def close(self) -> None:

@@ -150,7 +150,6 @@ class LoadingProcessor:
     def load(self) -> None:
         import threading
 
-        time.sleep(0.2)
         self.loaded_in = threading.current_thread().name
 
     def __call__(self, request: Any) -> dict[str, StageInput]:
