@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -88,6 +89,8 @@ class _Request:
     prompt_ids: list[int] | None = None
     budget_limited: bool = False
     held: bool = False  # at its token budget, out of vLLM until more input comes
+    # Streamed input: the prefix-cache salt of every run of this request (see `_start`).
+    cache_salt: str = attrs.field(factory=lambda: uuid.uuid4().hex)
 
 
 def _seeded_sampling(params: dict[str, Any]) -> bool:
@@ -302,6 +305,13 @@ class ARStageRuntime(StageRuntime):
                 sampling.skip_reading_prefix_cache = True
             if model.capture_hidden_states:  # the side-input store lives on the capture class
                 vllm_bridge.tag_request(sampling, request_id)
+            if self._streams_input():
+                # A streamed-input model's rows may depend on its side inputs, and a resumed
+                # embeddings prompt holds placeholder rows for the tokens generated so far (the
+                # model class fills them in): vLLM's prefix cache sees neither, so two requests'
+                # resumed runs could look alike to it. Each request's runs share cached blocks
+                # with its own earlier runs only.
+                prompt = {**prompt, "cache_salt": request.cache_salt}
             internal_id = self._engine().add_request(request_id, prompt, sampling)
         except InvalidRequestError:
             self._forget(request_id)

@@ -236,7 +236,9 @@ class ARModel:
 
     def continuation_prompt(self, stage_input: StageInput, prompt_token_ids: list[int], generated: list[int]) -> dict[str, Any]:
         """The vLLM prompt that resumes a request held at its token budget: the prompt followed by
-        every token generated so far (the last one not yet fed through the model)."""
+        every token generated so far (the last one not yet fed through the model). The runtime salts
+        every run of a request alike, so a resumed run reads its own earlier runs' blocks from vLLM's
+        prefix cache and never another request's."""
         data = stage_input.data
         if data.get("prompt_embeds") is not None or data.get("multi_modal_data"):
             raise NotImplementedError(
