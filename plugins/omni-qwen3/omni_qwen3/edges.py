@@ -14,9 +14,13 @@ transformers' ``Qwen3OmniMoeForConditionalGeneration.generate`` builds it:
 - for image (and video) prompts, the talker's 3-D M-RoPE positions: transformers' ``get_rope_index``
   on the talker's input ids with the thinker's ``image_grid_thw`` (sent in its first chunk).
 
-It streams: the talker's prompt needs only the first generated token's row (the thinker's second
-chunk), so the adapter emits it then, and each later thinker chunk becomes more trailing text
-(``tts_eos`` with the last). The talker runtime holds the talker where its text runs out.
+It streams. Only the prompt's rows come from the thinker's captured rows: a generated token's row
+is its thinker input embedding, read from the thinker's token table as soon as the token arrives
+(the thinker sends the captured row a step later, when it feeds the token). So the talker's prompt
+is whole with the thinker's first chunk (its prefill, which samples the first token), and each
+later chunk's tokens become more trailing text (``tts_eos`` with the last; the thinker never feeds
+its last token, so that one has no row). The talker runtime holds the talker where its text runs
+out.
 
 The speaker's codec embedding is added by the talker's model part (`omni_qwen3.talker`), which
 sees the request's parameters; this adapter marks its row. It runs in the talker's worker.
@@ -191,9 +195,9 @@ def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dic
 class ThinkerToTalker:
     """Edge adapter thinker -> talker: collects the thinker's rows, streams the talker's input.
 
-    The talker's input starts once the thinker's row of its first generated token arrived (or the
-    thinker finished); after that every thinker chunk adds its text rows to ``trailing`` (and the
-    last one ``tts_eos``). With one final thinker chunk (streaming off) it is one final input.
+    The talker's input starts once the thinker's prompt rows and first generated token arrived (or
+    the thinker finished); after that every thinker chunk adds its tokens' rows to ``trailing`` (and
+    the last one ``tts_eos``). With one final thinker chunk (streaming off) it is one final input.
     """
 
     def __init__(self, pipeline: ResolvedPipeline, edge: ResolvedEdge | None = None) -> None:
@@ -212,12 +216,15 @@ class ThinkerToTalker:
         for key in GRID_KEYS:
             if data.get(key) is not None:
                 state.setdefault("grids", {})[key] = data[key]
+        state.setdefault("tokens", []).extend(int(t) for t in data.get("token_ids") or ())
+        # The thinker feeds every token it generates but its last: those rows exist (or will).
+        fed = max(len(state["tokens"]) - (1 if chunk.final else 0), 0)
+        if state.get("started"):
+            return self._more_text(state, fed, chunk.final)
         for key in ("thinker_embeds", "thinker_hidden"):
             rows = data.get(key)
             if rows is not None:
                 state.setdefault(key, []).append(torch.as_tensor(rows))
-        if state.get("started"):
-            return self._more_text(state, chunk.final)
         if "prompt_ids" not in state or "thinker_embeds" not in state or "thinker_hidden" not in state:
             if not chunk.final:
                 return None
@@ -229,14 +236,20 @@ class ThinkerToTalker:
         embeds = torch.cat(state.pop("thinker_embeds"))
         hidden = torch.cat(state.pop("thinker_hidden"))
         prompt_len = len(state["prompt_ids"])
-        if embeds.shape[0] <= prompt_len and not chunk.final:
-            # The prompt needs the first generated token's row: it comes with the next chunk.
+        if (embeds.shape[0] < prompt_len or fed == 0) and not chunk.final:
+            # The prompt's rows, then its first generated token (its row ends the talker's prompt).
             state["thinker_embeds"], state["thinker_hidden"] = [embeds], [hidden]
             return None
+        # A generated token's row is its thinker input embedding: read from the token table, it
+        # is there as soon as the token is sampled, a thinker step before the thinker sends it.
+        if embeds.shape[0] >= prompt_len:  # (else build_talker_input rejects the short capture)
+            embeds = torch.cat([embeds[:prompt_len].to(torch.float32), self.weights.thinker_embedding(state["tokens"][:fed])])
+            hidden = hidden[:prompt_len]
         built = build_talker_input(
             self.weights, state["prompt_ids"], embeds, hidden, final=chunk.final, grids=state.get("grids")
         )
         state["started"] = True
+        state["sent"] = fed
         out: dict[str, Any] = {
             "prompt_embeds": built.prompt_embeds,
             "speaker_row": built.speaker_row,
@@ -248,14 +261,15 @@ class ThinkerToTalker:
             out["mrope_delta"] = built.mrope_delta
         return StageInput(data=out, final=chunk.final)
 
-    def _more_text(self, state: dict[str, Any], final: bool) -> StageInput | None:
-        """Trailing text rows of the thinker's newly fed tokens (plus tts_eos's at the end)."""
+    def _more_text(self, state: dict[str, Any], fed: int, final: bool) -> StageInput | None:
+        """Trailing text rows of the thinker's newly generated tokens (plus tts_eos's at the end)."""
         import torch
 
-        rows = [part.to(torch.float32) for part in state.pop("thinker_embeds", [])]
-        state.pop("thinker_hidden", None)
+        weights = self.weights
+        new = state["tokens"][state["sent"] : fed]
+        state["sent"] = max(fed, state["sent"])
+        rows = [weights.thinker_embedding(new)] if new else []
         if final:
-            weights = self.weights
             rows.append(weights.thinker_embedding([weights.config["tts_eos_token_id"]]))
         if not rows:
             return None

@@ -153,9 +153,10 @@ def test_image_codes_equal_transformers(talker: Any, cases: Any) -> None:
 
 
 def test_streamed_thinker_chunks_give_the_same_codes(talker: Any, cases: Any) -> None:
-    """The thinker's output split per token (as it streams): the talker starts on the second chunk,
-    is held where its text runs out and resumed as more arrives, and still gives the reference's
-    codes, next to a request fed at once in the same batch."""
+    """The thinker's output split per token (as it streams): the talker starts on the first chunk
+    (the prompt's rows and the first token; later tokens' rows come from the thinker's token
+    table), is held where its text runs out and resumed as more arrives, and still gives the
+    reference's codes, next to a request fed at once in the same batch."""
     runtime, adapter = talker
     for name in ("text", "image"):
         ref, chunk = cases[name]
@@ -165,11 +166,9 @@ def test_streamed_thinker_chunks_give_the_same_codes(talker: Any, cases: Any) ->
         started = held_steps = 0
         runtime.add_request("whole", _talker_input(adapter, cases["audio"][1]))
         whole: list[torch.Tensor] = []
-        for i, piece in enumerate(pieces):
+        for piece in pieces:
             stage_input = adapter.on_chunk(state, piece)
-            if stage_input is None:
-                assert i == 0  # only the first chunk waits (for the first token's row)
-                continue
+            assert stage_input is not None  # no chunk waits for the next one
             if not started:
                 stage_input.params = {"max_tokens": MAX_FRAMES, "temperature": 0.0, "speaker": "Ethan"}
                 runtime.add_request("streamed", stage_input)
@@ -299,3 +298,44 @@ def test_seeded_sampling_does_not_depend_on_streaming(talker: Any, cases: Any) -
     np.testing.assert_array_equal(torch.cat(parts).T.numpy(), whole)
     other = _run(runtime, {"other": _talker_input(adapter, chunk, **{**seeded, "seed": 8})})["other"]
     assert not np.array_equal(other[:, : whole.shape[1]], whole[:, : other.shape[1]])
+
+
+def test_resumed_requests_never_read_each_others_cached_rows(talker: Any, cases: Any) -> None:
+    """Two requests with the same prompt but different text, both held and resumed. A resumed run's
+    prompt is the first prompt plus one placeholder row per codec token so far (the model fills
+    those rows in from its side inputs), so vLLM's prefix cache cannot tell two such prompts apart
+    by their content: past a full KV block (128 rows on CPU) the second would read the first's rows.
+    Each must still give its own codes, as when fed whole."""
+    runtime, adapter = talker
+    base = adapter.on_chunk({}, cases["text"][1])
+    assert base is not None
+    extra = 120 - base.data["prompt_embeds"].shape[0]  # a prompt of 120 rows: resumed runs fill a block
+    prompt = torch.cat([base.data["prompt_embeds"][:1].repeat(extra, 1), base.data["prompt_embeds"]])
+    generator = torch.Generator().manual_seed(0)
+    width = base.data["trailing"].shape[1]
+    texts = {name: torch.randn((24, width), generator=generator) for name in ("a", "b")}
+    params = {"max_tokens": 20, "min_tokens": 20, "temperature": 0.0, "speaker": "Ethan"}
+
+    def data(text: torch.Tensor) -> dict[str, Any]:
+        return {**base.data, "prompt_embeds": prompt, "speaker_row": base.data["speaker_row"] + extra, "trailing": text}
+
+    whole = _run(runtime, {name: StageInput(data=data(text), params=dict(params), final=True) for name, text in texts.items()})
+    assert not np.array_equal(whole["a"], whole["b"])
+    codes: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
+    for name, text in texts.items():  # one after the other: "b" resumes after "a" ran
+        runtime.add_request(name, StageInput(data=data(text[:12]), params=dict(params), final=False))
+        while runtime.has_unfinished():  # 13 tokens, then held: its text runs out
+            codes[name].extend(out.data["codes"] for out in runtime.step())
+        runtime.extend_request(name, StageInput(data={"trailing": text[12:]}, final=True))
+        while runtime.has_unfinished():  # resumed: 133 prompt rows
+            codes[name].extend(out.data["codes"] for out in runtime.step())
+    for name in texts:
+        np.testing.assert_array_equal(torch.cat(codes[name]).T.numpy(), whole[name])
+
+
+def test_a_thinker_capture_short_of_the_prompt_is_rejected(talker: Any, cases: Any) -> None:
+    _, adapter = talker
+    data = cases["text"][1].data
+    short = {**data, "thinker_embeds": data["thinker_embeds"][:3], "thinker_hidden": data["thinker_hidden"][:3]}
+    with pytest.raises(InvalidRequestError, match="embedding rows for a"):
+        adapter.on_chunk({}, Chunk("short", "thinker", 0, short, final=True))
