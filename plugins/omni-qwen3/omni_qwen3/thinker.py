@@ -7,7 +7,9 @@ a registered subclass, `capture_class()`, that
 - records two hidden states per token for the talker: ``thinker_embeds`` (the input embeddings
   after the audio/image embeddings are merged: transformers' ``hidden_states[0]``) and
   ``thinker_hidden`` (transformers' ``hidden_states[talker_config.accept_hidden_layer]``), through
-  the bridge's multi-layer side channel (`omni_core.stages.vllm_bridge.HiddenStateCapture`);
+  the bridge's multi-layer side channel (`omni_core.stages.vllm_bridge.HiddenStateCapture`). Only
+  the prompt's rows leave the stage (in its first chunk): the talker's edge adapter reads a
+  generated token's row, its input embedding, from the token table;
 - takes image, audio and video input without torchvision: its multimodal processor builds the HF
   ``Qwen3OmniMoeProcessor`` from the PIL image processor and `omni_qwen3.video.QwenVideoProcessor`
   (transformers' video processors need torchvision); vLLM's own thinker then takes the
@@ -96,6 +98,11 @@ class ThinkerModel(ARModel):
     def chunk_data(self, delta: ARDelta) -> Payload:
         data = super().chunk_data(delta)
         data.pop("hidden_states", None)  # the layer keys carry the same rows
+        if delta.prompt_token_ids is None:
+            # Only the first chunk's rows (the prompt's) leave the stage: the talker reads a
+            # generated token's row (its input embedding) from the token table.
+            data.pop(EMBEDS_KEY, None)
+            data.pop(HIDDEN_KEY, None)
         return data
 
 
