@@ -52,6 +52,8 @@ class _AllowanceLM(ARModel):
 
 
 allowance_lm = _AllowanceLM()
+# The same as a vLLM streaming-input session: held requests stay in vLLM with their KV cache.
+resumable_allowance_lm = _AllowanceLM(resumable=True)
 # The same, capturing layer 1's hidden states (as a talker captures its own rows).
 capturing_allowance_lm = _AllowanceLM(capture_hidden_states=True, capture_base=_ar.QWEN3, hidden_state_layer=1)
 
@@ -137,14 +139,15 @@ def test_without_streaming_input_waits_for_the_final_piece(tiny_lm: Any, prompts
 
 
 
-def test_the_context_limit_ends_a_streamed_request_as_it_ends_a_whole_one(tiny_lm: Any, prompts: Any) -> None:
+@pytest.mark.parametrize("model", ["allowance_lm", "resumable_allowance_lm"])
+def test_the_context_limit_ends_a_streamed_request_as_it_ends_a_whole_one(tiny_lm: Any, prompts: Any, model: str) -> None:
     """A request that runs into `max_model_len` (64 here) ends with finish_reason "length" after
     the same tokens whether its input came whole or streamed in (held and resumed on the way)."""
     prompt = prompts[3] + prompts[3][:20]  # 50 tokens: room for 14
     params = {"max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
     results = {}
     for streaming in (False, True):
-        runtime = _runtime(tiny_lm, f"{__name__}:allowance_lm", streaming=streaming, streamed_input_min_tokens=2)
+        runtime = _runtime(tiny_lm, f"{__name__}:{model}", streaming=streaming, streamed_input_min_tokens=2)
         try:
             tokens: dict[str, list[int]] = {}
             finals: set[str] = set()
@@ -161,6 +164,40 @@ def test_the_context_limit_ends_a_streamed_request_as_it_ends_a_whole_one(tiny_l
     assert results[True] == results[False]
     tokens, reasons, finals = results[True]
     assert len(tokens) == 64 - len(prompt) and reasons == ["length"] and finals == {"a"}
+
+
+def test_a_resumable_request_prefills_at_once_and_resumes_in_its_vllm_session(tiny_lm: Any, prompts: Any, hf_greedy: Any) -> None:
+    """`ARModel.resumable`: a request starts as soon as its input allows one token, stays in vLLM
+    (the same vLLM request, its KV cache kept) while held, and its tokens still equal one
+    uninterrupted greedy run, next to other requests; ending or aborting it ends it in vLLM."""
+    runtime = _runtime(tiny_lm, f"{__name__}:resumable_allowance_lm", streaming=True, streamed_input_min_tokens=2)
+    try:
+        params = {"max_tokens": MAX_TOKENS, "min_tokens": MAX_TOKENS, "temperature": 0.0}
+        tokens: dict[str, list[int]] = {}
+        finals: set[str] = set()
+        runtime.add_request("a", StageInput(data={"prompt_token_ids": prompts[0], "allowed": 1}, params=params, final=False))
+        assert runtime.has_unfinished()  # 1 < 2 tokens, yet it starts: its prompt is prefilled now
+        runtime.add_request("c", StageInput(data={"prompt_token_ids": prompts[2]}, params=params, final=True))
+        _drain(runtime, tokens, finals)
+        assert tokens["a"] == hf_greedy[0][:1] and finals == {"c"}
+        session = runtime._requests["a"].internal_id
+        assert session is not None  # held in vLLM, which reports no unfinished work for it
+        for more in (1, 3, 2):  # 1 < 2: stays held; then resumed twice in the same session
+            runtime.extend_request("a", StageInput(data={"allowed": more}, final=False))
+            _drain(runtime, tokens, finals)
+            assert runtime._requests["a"].internal_id == session
+        assert tokens["a"] == hf_greedy[0][:7]
+        runtime.extend_request("a", StageInput(data={}, final=True))
+        _drain(runtime, tokens, finals)
+        assert tokens["a"] == hf_greedy[0] and finals == {"a", "c"}
+        assert runtime.engine is not None and runtime.engine.get_num_unfinished_requests() == 0
+        runtime.add_request("b", StageInput(data={"prompt_token_ids": prompts[1], "allowed": 3}, params=params, final=False))
+        _drain(runtime, tokens, finals)
+        assert tokens["b"] == hf_greedy[1][:3]
+        runtime.abort_request("b")  # held: ended in vLLM too
+        assert runtime.engine.get_num_unfinished_requests() == 0
+    finally:
+        runtime.close()
 
 
 def test_a_resumed_run_reads_the_prefix_cache_and_captures_every_row(tiny_lm: Any, prompts: Any, hf_model: Any) -> None:

@@ -46,7 +46,8 @@ class AROptions:
     machine's memory) and `gpu_memory_utilization` on GPU. `engine_args` passes any other vLLM
     `EngineArgs` through and wins over everything else. `streamed_input_min_tokens`: a request of a
     streamed-input model part (re)enters vLLM once its input allows this many more tokens (or its
-    input is final); fewer means lower latency but more resumptions (each re-prefills the request).
+    input is final); fewer means lower latency but more resumptions (each re-prefills the request,
+    unless the model part is resumable: then each costs a step, and the first start needs one token).
     `admission_window_ms`: when the stage is idle, how long its first new request waits for others
     sent with it, so they prefill together and move through the pipeline as one batch (0: never).
     `dtype`: vLLM's (``auto``: the checkpoint's, but float32 checkpoints run in bfloat16 on CPU), or
@@ -89,6 +90,7 @@ class _Request:
     prompt_ids: list[int] | None = None
     budget_limited: bool = False
     held: bool = False  # at its token budget, out of vLLM until more input comes
+    session: bool = False  # runs as a vLLM streaming-input session (`ARModel.resumable`): kept there when held
     # Streamed input: the prefix-cache salt of every run of this request (see `_start`).
     cache_salt: str = attrs.field(factory=lambda: uuid.uuid4().hex)
 
@@ -125,8 +127,12 @@ class ARStageRuntime(StageRuntime):
     waits for it) until more input arrives; it resumes as a new vLLM request whose prompt is the
     first prompt plus the tokens generated so far (`continuation_prompt`), under the same request
     key for its side inputs. Resuming re-prefills those tokens: the minimum trades latency for
-    fewer resumptions. A request that samples with a seed runs once, on its whole input, so that
-    its samples follow the seed.
+    fewer resumptions. A model part that is `ARModel.resumable` runs such a request as a vLLM
+    streaming-input session instead (`vllm_bridge.add_session_turn`): it starts as soon as its
+    input allows one token (its prompt is prefilled while more input streams in), and when held it
+    stays in vLLM, out of the batch, with its KV cache; resuming feeds only its last sampled token.
+    Every run of a streamed-input request carries the request's own prefix-cache salt. A request
+    that samples with a seed runs once, on its whole input, so that its samples follow the seed.
     """
 
     Options = AROptions
@@ -231,7 +237,7 @@ class ARStageRuntime(StageRuntime):
         request.data = self._model().merge_input(request.data, stage_input.data)
         request.input_final = stage_input.final
         if self._streams_input():
-            if request.internal_id is not None:  # running: its model reads the new input
+            if request.internal_id is not None and not request.held:  # running: its model reads the new input
                 self._sync_side_inputs(request_id, request)
             else:  # waiting or held: new input may let it (re)start
                 self._run_if_ready(request_id, request)
@@ -273,7 +279,9 @@ class ARStageRuntime(StageRuntime):
         if _seeded_sampling(request.params):
             return
         room = budget - len(request.generated)
-        if room >= self.options.streamed_input_min_tokens or (request.input_final and room > 0):
+        # A resumable request's prompt is prefilled at once (vLLM keeps it while more input comes).
+        least = 1 if self._model().resumable and not request.started else self.options.streamed_input_min_tokens
+        if room >= least or (request.input_final and room > 0):
             self._start(request_id, request, budget=budget)
 
     def _start(self, request_id: str, request: _Request, budget: int | None = None) -> None:
@@ -289,7 +297,10 @@ class ARStageRuntime(StageRuntime):
             if data.get("messages") is not None and not any(data.get(k) is not None for k in _PROMPT_KEYS):
                 data = {**data, **model.chat_prompt(data["messages"], self._engine().get_tokenizer())}
                 request.data = data
-            if resuming:
+            if resuming and request.session:
+                # vLLM kept the request and its cache: feed the last sampled token, not yet computed.
+                prompt = {"prompt_token_ids": [request.generated[-1]]}
+            elif resuming:
                 prompt = model.continuation_prompt(
                     StageInput(data=data, params=request.params), request.prompt_ids or [], request.generated
                 )
@@ -305,14 +316,20 @@ class ARStageRuntime(StageRuntime):
                 sampling.skip_reading_prefix_cache = True
             if model.capture_hidden_states:  # the side-input store lives on the capture class
                 vllm_bridge.tag_request(sampling, request_id)
-            if self._streams_input():
+            if model.streamed_input:
                 # A streamed-input model's rows may depend on its side inputs, and a resumed
                 # embeddings prompt holds placeholder rows for the tokens generated so far (the
                 # model class fills them in): vLLM's prefix cache sees neither, so two requests'
                 # resumed runs could look alike to it. Each request's runs share cached blocks
                 # with its own earlier runs only.
                 prompt = {**prompt, "cache_salt": request.cache_salt}
-            internal_id = self._engine().add_request(request_id, prompt, sampling)
+            if request.session:
+                internal_id = vllm_bridge.add_session_turn(self._engine(), request_id, prompt, sampling, request.internal_id)
+            elif model.resumable and self._streams_input() and not request.input_final and not resuming:
+                internal_id = vllm_bridge.add_session_turn(self._engine(), request_id, prompt, sampling)
+                request.session = True
+            else:
+                internal_id = self._engine().add_request(request_id, prompt, sampling)
         except InvalidRequestError:
             self._forget(request_id)
             raise
@@ -359,7 +376,10 @@ class ARStageRuntime(StageRuntime):
         self._idle_if_empty()
 
     def has_unfinished(self) -> bool:
-        return self.engine is not None and self.engine.has_unfinished_requests()
+        if self.engine is None or not self.engine.has_unfinished_requests():
+            return False
+        # vLLM counts a held session (waiting for input, out of the batch) as unfinished.
+        return any(not r.held for r in self._requests.values() if r.internal_id is not None)
 
     # --- stepping ---------------------------------------------------------------------------
 
@@ -401,8 +421,10 @@ class ARStageRuntime(StageRuntime):
             request.generated += token_ids  # a held request resumes in streaming mode only
             # At its input's token budget, not at its own end: wait for more input, out of vLLM;
             # unless it filled the model's context: then it ends ("length"), as one whole run does.
-            hold = output.finished and request.budget_limited and completion.finish_reason == "length" and self._has_room(request)
-            finished = output.finished and not hold
+            # A session's turn ends with a finish reason while vLLM keeps it (finished=False).
+            turn_over = output.finished or (request.session and completion.finish_reason is not None)
+            hold = turn_over and request.budget_limited and completion.finish_reason == "length" and self._has_room(request)
+            finished = turn_over and not hold
             delta = ARDelta(
                 request_id=request_id,
                 token_ids=token_ids,
@@ -443,8 +465,9 @@ class ARStageRuntime(StageRuntime):
         """Take a request that reached its token budget out of vLLM (vLLM already freed it) until
         more input comes; resume at once if that input came while it ran."""
         assert request.internal_id is not None
-        self._by_internal.pop(request.internal_id, None)
-        request.internal_id = None
+        if not request.session:  # (a session stays in vLLM, out of its batch)
+            self._by_internal.pop(request.internal_id, None)
+            request.internal_id = None
         request.held = True
         self._run_if_ready(request_id, request)
 
@@ -452,6 +475,8 @@ class ARStageRuntime(StageRuntime):
         request = self._requests.pop(request_id, None)
         if request is not None and request.internal_id is not None:
             self._by_internal.pop(request.internal_id, None)
+            if request.session and self.engine is not None:  # vLLM keeps a session until it is ended
+                self.engine.abort_request([request.internal_id], internal=True)
         self._drop_side_inputs(request_id)
         self._idle_if_empty()
 

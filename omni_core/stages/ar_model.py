@@ -69,6 +69,12 @@ class ARModel:
       `continuation_prompt` once more input raises the budget. `side_inputs` (per request, updated
       as input streams in) reach the vLLM model class through the bridge's side-input store.
       Without it (the default) streamed input is buffered until final, then the request starts.
+    - `resumable` (with `streamed_input`): a request started before its input is final runs as a
+      vLLM streaming-input session instead: at its budget it stays in vLLM, out of the batch, with
+      its KV cache, and resumes by feeding only its last sampled token (no re-prefill). It then
+      starts as soon as its input allows one token, so its prompt is prefilled while more input
+      streams in. Its prompts must be token ids (`make_prompt`); a model class that needs
+      embeddings puts them in from its side inputs.
     """
 
     subfolder: str | None = None
@@ -84,6 +90,7 @@ class ARModel:
     capture_base: str | None = None
     hidden_state_layers: dict[str, int | None] = attrs.field(factory=dict)
     streamed_input: bool = False
+    resumable: bool = False
 
     @property
     def capture_layers(self) -> dict[str, int | None]:

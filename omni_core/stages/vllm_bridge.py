@@ -7,6 +7,8 @@ Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngi
 - `create_engine()`: an in-process, step-driven `LLMEngine` (the stage worker is already a separate
   thread or process, so vLLM's own engine-core process would only add a hop).
 - `build_sampling_params()`: request parameters -> `SamplingParams`, unknown keys rejected by name.
+- `add_session_turn()`: a turn of a resumable request (vLLM's streaming-input sessions), which
+  `LLMEngine.add_request` does not offer: through the engine's input/output processors and core.
 - The hidden-state side channel: `HiddenStateCapture`, a mixin for a registered vLLM model class that
   records per-token hidden states of one layer in `forward`, split per request; `attach_capture()`
   connects it to the model runner's request order once, and `drain_captured()` reads the rows back
@@ -112,6 +114,34 @@ def create_engine(engine_args: dict[str, Any]) -> LLMEngine:
     engine = LLMEngine.from_engine_args(args)
     _ENGINES_IN_PROCESS.add(engine)
     return engine
+
+
+def add_session_turn(engine: LLMEngine, request_id: str, prompt: dict[str, Any], sampling: SamplingParams, session: str | None = None) -> str:
+    """Add a turn of a resumable request (vLLM's streaming-input session) and return its internal id.
+
+    With `session` None this opens a session for `request_id`: it runs like any request, but when
+    it stops (``max_tokens``, a stop token) vLLM keeps it and its KV cache, reports the turn with a
+    finish reason and ``finished=False``, and waits. A later turn (`session`: the internal id the
+    first one returned) appends `prompt`'s token ids to everything computed so far (the last
+    sampled token was never fed, so a continuation sends it again) and runs on with `sampling`.
+    End a session with ``abort_request``. Prompts must be token ids: vLLM keeps no embeddings
+    prompt across turns. `LLMEngine.add_request` has no such option, so this goes through the
+    engine's input processor, output processor and core client as ``add_request`` does.
+    """
+    import msgspec
+
+    request = engine.input_processor.process_inputs(
+        session or request_id, prompt, sampling, supported_tasks=engine.get_supported_tasks(), resumable=True
+    )
+    if session is None:
+        engine.input_processor.assign_request_id(request)
+    else:
+        request.external_req_id = request_id
+    engine.output_processor.add_request(request, None)
+    # In process, the output processor and the scheduler would share the prompt's id list, and each
+    # appends a later turn's tokens to it: give the engine core its own copy.
+    engine.engine_core.add_request(msgspec.structs.replace(request, prompt_token_ids=list(request.prompt_token_ids or [])))
+    return str(request.request_id)
 
 
 # vLLM's distributed state (process groups) is process-global and shared by every in-process

@@ -1,9 +1,10 @@
 """The model part of the Qwen3-Omni ``talker`` stage (kind ``ar``): codec frames on vLLM.
 
 The vLLM model class is `omni_qwen3.talker_model.Qwen3OmniTalkerForCausalLM`. This module says
-how the `ar` runtime starts it (the talker slice of the one checkpoint, prompt embeddings, no
-tokenizer), turns the edge adapter's input into an embeddings prompt plus per-request side inputs
-(trailing text, streamed in while the request runs), how many frames the text so far allows, and
+how the `ar` runtime starts it (the talker slice of the one checkpoint, no tokenizer), turns the
+edge adapter's input into a placeholder-id prompt plus per-request side inputs (the prompt's rows,
+the speaker, trailing text streamed in while the request runs), how many frames the text so far
+allows, and
 shapes chunks as ``codes`` ``[n_frames, num_code_groups]``.
 Also here: `TalkerWeights`, the few small talker tensors the thinker -> talker edge needs.
 Nothing heavy is imported at module import.
@@ -115,7 +116,7 @@ class TalkerWeights:
 
 @attrs.define
 class TalkerModel(ARModel):
-    """The talker stage's `ARModel`: embeddings prompt, streamed trailing text, ``codes`` chunks.
+    """The talker stage's `ARModel`: prompt rows and streamed trailing text, ``codes`` chunks.
 
     Its input (from `omni_qwen3.edges.ThinkerToTalker`): first ``prompt_embeds`` ``[P, H]`` without
     the speaker's codec embedding, ``speaker_row`` (where it goes), ``tts_pad`` ``[H]``, optional
@@ -123,17 +124,18 @@ class TalkerModel(ARModel):
     text rows so far, unprojected: the model class projects them); then more ``trailing`` rows as
     the thinker streams, ending with ``tts_eos``'s in the final input. Step j feeds trailing row
     j, so with T rows and more to come the request may sample T + 1 codec tokens
-    (`token_budget`); the runtime holds it there until more text comes.
-    The speaker is the ``speaker`` parameter.
+    (`token_budget`); the runtime holds it there until more text comes. It is `resumable`: a held
+    request stays in vLLM with its KV cache, so its prompt is prefilled as soon as the thinker's
+    first chunk arrives, while the thinker goes on. vLLM gets placeholder ids; the prompt's rows
+    and the speaker (the ``speaker`` parameter) reach the model class as side inputs.
     """
 
     skip_tokenizer_init: bool = True
     enable_prompt_embeds: bool = True
     capture_hidden_states: bool = True
     streamed_input: bool = True
+    resumable: bool = True
     _config: dict[str, Any] | None = attrs.field(default=None, init=False)
-    _codec_embedding: Any = attrs.field(default=None, init=False)
-    _checkpoint: str | None = attrs.field(default=None, init=False)
 
     def register(self) -> None:
         from omni_core.stages import vllm_bridge
@@ -145,8 +147,7 @@ class TalkerModel(ARModel):
         from omni_qwen3.talker_model import talker_hf_config
 
         args = super().engine_args(pipeline, stage)
-        self._checkpoint = str(args["model"])
-        self._config = read_config(self._checkpoint)
+        self._config = read_config(str(args["model"]))
         # A callable: the talker is a sub-config of the one checkpoint's config.
         args["hf_overrides"] = talker_hf_config
         return args
@@ -157,9 +158,14 @@ class TalkerModel(ARModel):
         return self._config
 
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
-        import torch
+        """Placeholder token ids, one per prompt row: the model class puts in the rows of
+        ``prompt_embeds`` and the speaker's codec embedding from the side inputs, as vLLM keeps no
+        embeddings prompt across the turns of a resumable request."""
+        rows = int(self._prompt_rows(stage_input.data).shape[0])
+        return {"prompt_token_ids": [int(self.config()["talker_config"]["codec_pad_id"])] * rows}
 
-        data = stage_input.data
+    @staticmethod
+    def _prompt_rows(data: Payload) -> Any:
         embeds = data.get("prompt_embeds")
         if embeds is None:
             raise InvalidRequestError(
@@ -167,19 +173,7 @@ class TalkerModel(ARModel):
                 f"(omni_qwen3.edges:ThinkerToTalker); got keys {sorted(data)}",
                 param="prompt_embeds",
             )
-        embeds = torch.as_tensor(embeds).to(torch.float32).clone()
-        row = data.get("speaker_row")
-        if row is not None:
-            speaker = stage_input.params.get(SPEAKER_PARAM) or DEFAULT_SPEAKER
-            embeds[int(row)] += self._speaker_embedding(speaker_id(self.config(), speaker))
-        return {"prompt_embeds": embeds}
-
-    def _speaker_embedding(self, codec_id: int) -> torch.Tensor:
-        if self._codec_embedding is None:
-            assert self._checkpoint is not None
-            name = "talker.model.codec_embedding.weight"
-            self._codec_embedding = read_tensors(self._checkpoint, [name])[name].float()
-        return self._codec_embedding[codec_id]
+        return embeds
 
     def token_budget(self, data: Payload, final: bool) -> int | None:
         if final:
@@ -190,7 +184,10 @@ class TalkerModel(ARModel):
     def side_inputs(self, data: Payload, params: dict[str, Any], final: bool) -> dict[str, Any] | None:
         import torch
 
-        side: dict[str, Any] = {"text_final": final}
+        side: dict[str, Any] = {"text_final": final, "prompt_embeds": torch.as_tensor(self._prompt_rows(data))}
+        if data.get("speaker_row") is not None:
+            side["speaker_row"] = int(data["speaker_row"])
+            side["speaker_id"] = speaker_id(self.config(), params.get(SPEAKER_PARAM) or DEFAULT_SPEAKER)
         for key in ("trailing", "tts_pad", "mrope_positions", "mrope_delta"):
             if data.get(key) is not None:
                 side[key] = data[key]
@@ -199,12 +196,9 @@ class TalkerModel(ARModel):
         return side
 
     def continuation_prompt(self, stage_input: StageInput, prompt_token_ids: list[int], generated: list[int]) -> dict[str, Any]:
-        """The first prompt plus one row per generated token: the model class replaces those rows
-        with the frames' embeddings (its side inputs say which tokens they are)."""
-        import torch
-
-        embeds = self.make_prompt(stage_input)["prompt_embeds"]
-        return {"prompt_embeds": torch.cat([embeds, embeds.new_zeros((len(generated), embeds.shape[1]))])}
+        """The first prompt plus the generated tokens: the model class puts in the prompt's rows
+        and the frames' embeddings (its side inputs say which tokens they are)."""
+        return {"prompt_token_ids": [*self.make_prompt(stage_input)["prompt_token_ids"], *generated]}
 
     def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
         from omni_core.stages.vllm_bridge import build_sampling_params

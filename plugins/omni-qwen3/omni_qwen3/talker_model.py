@@ -15,16 +15,20 @@ vLLM samples codebook 0; this class adds what a codec frame needs on top, inside
   ``Qwen3OmniMoeTalkerForConditionalGeneration.prepare_inputs_for_generation`` builds it.
 - Frames are kept per request and position (in the request's side-input store entry, which lives
   as long as the request in the `ar` runtime), so recomputing a preempted request (its generated
-  tokens come back as a prefill) or resuming a request held for more text (a new vLLM request whose
-  prompt ends with the tokens generated so far) reuses them: the result does not depend on
-  scheduling.
+  tokens come back as a prefill) or resuming a request held for more text (its session's next turn
+  feeds the last sampled token; a whole re-run's prompt ends with the tokens generated so far)
+  reuses them: the result does not depend on scheduling.
+- The prompt arrives as placeholder token ids (a resumable request, a vLLM streaming-input session,
+  takes no embeddings prompt): its rows come from the side inputs (``prompt_embeds``, plus the
+  speaker's codec embedding in ``speaker_row``).
 - Each row's frame leaves through the bridge's capture side channel (`HiddenStateCapture`'s rows:
   ``[rows, num_code_groups]`` int64, -1 for prompt rows), which the `ar` runtime drains per step.
 
-Per-request side inputs (trailing text so far, whether it is complete, tts_pad, optional M-RoPE
-positions) come through the bridge's side-input store (`HiddenStateCapture.omni_side`), updated
-while the request runs as the thinker streams (see `omni_qwen3.talker.TalkerModel`). A step never
-reads text that has not arrived: the runtime stops the request at its token budget first.
+Per-request side inputs (prompt rows and speaker, trailing text so far, whether it is complete,
+tts_pad, optional M-RoPE positions) come through the bridge's side-input store
+(`HiddenStateCapture.omni_side`), updated while the request runs as the thinker streams (see
+`omni_qwen3.talker.TalkerModel`). A step never reads text that has not arrived: the runtime stops
+the request at its token budget first.
 This module imports vLLM and transformers: load it only in a worker.
 """
 
@@ -166,8 +170,11 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             mrope = side.get("mrope_positions")
             if mrope is not None and positions.ndim == 2:
                 positions[:, row_start:row_end] = _mrope_rows(mrope, int(side.get("mrope_delta", 0)), pos_start, row_end - row_start)
+            prompt_end = min(row_end, row_start + prompt_len - pos_start)
+            if prompt_end > row_start:
+                embeds[row_start:prompt_end] = self._prompt_rows(side, pos_start, prompt_end - row_start, embeds)
             cached: list[torch.Tensor] = side.setdefault(_FRAMES, [])
-            for row in range(max(row_start, row_start + prompt_len - pos_start), row_end):
+            for row in range(max(row_start, prompt_end), row_end):
                 index = pos_start + (row - row_start) - prompt_len  # generated token index
                 if index >= len(cached):
                     if index != len(cached) or _LAST_HIDDEN not in side:
@@ -207,6 +214,17 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
             text = self._text_rows([(side, index, len(block)) for side, _, index, block in spans], embeds)
             embeds[rows] = self._frame_embeds(codes) + text
         return embeds, positions, frames
+
+    def _prompt_rows(self, side: dict[str, Any], start: int, count: int, like: torch.Tensor) -> torch.Tensor:
+        """Prompt rows [start, start + count) from the side inputs (vLLM holds placeholder ids
+        there), the speaker's codec embedding added to its row in float32 (as the reference adds it),
+        in `like`'s dtype and device."""
+        rows = side["prompt_embeds"][start : start + count].to(like.device, torch.float32, copy=True)
+        speaker = side.get("speaker_row")
+        if speaker is not None and start <= speaker < start + count:
+            codec = self.model.embed_input_ids(torch.tensor([side["speaker_id"]], device=like.device))
+            rows[speaker - start] += codec[0].to(torch.float32)
+        return rows.to(like.dtype)
 
     def _text_rows(self, spans: list[tuple[dict[str, Any], int, int]], like: torch.Tensor) -> torch.Tensor:
         """Trailing text embeddings of each span (side inputs, first generated index, count), in
@@ -405,6 +423,8 @@ class _PredictorLayer(nn.Module):
 
 def _prompt_len(state: Any, side: dict[str, Any]) -> int:
     """Rows of the request's first prompt (a resumed run's prompt also holds generated tokens)."""
+    if side.get("prompt_embeds") is not None:
+        return int(side["prompt_embeds"].shape[0])
     if side.get(FIRST_PROMPT_LEN):
         return int(side[FIRST_PROMPT_LEN])
     if state.prompt_embeds is not None:

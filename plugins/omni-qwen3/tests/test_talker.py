@@ -301,11 +301,10 @@ def test_seeded_sampling_does_not_depend_on_streaming(talker: Any, cases: Any) -
 
 
 def test_resumed_requests_never_read_each_others_cached_rows(talker: Any, cases: Any) -> None:
-    """Two requests with the same prompt but different text, both held and resumed. A resumed run's
-    prompt is the first prompt plus one placeholder row per codec token so far (the model fills
-    those rows in from its side inputs), so vLLM's prefix cache cannot tell two such prompts apart
-    by their content: past a full KV block (128 rows on CPU) the second would read the first's rows.
-    Each must still give its own codes, as when fed whole."""
+    """Two requests with the same prompt but different text, both held and resumed, over more than
+    a KV block (128 rows on CPU). vLLM sees only placeholder ids (the model fills the rows in from
+    its side inputs), so to its prefix cache the two look alike: each request's runs carry their
+    own cache salt, and each gives its own codes, as when fed whole."""
     runtime, adapter = talker
     base = adapter.on_chunk({}, cases["text"][1])
     assert base is not None
@@ -327,7 +326,7 @@ def test_resumed_requests_never_read_each_others_cached_rows(talker: Any, cases:
         while runtime.has_unfinished():  # 13 tokens, then held: its text runs out
             codes[name].extend(out.data["codes"] for out in runtime.step())
         runtime.extend_request(name, StageInput(data={"trailing": text[12:]}, final=True))
-        while runtime.has_unfinished():  # resumed: 133 prompt rows
+        while runtime.has_unfinished():  # resumed: 133 rows
             codes[name].extend(out.data["codes"] for out in runtime.step())
     for name in texts:
         np.testing.assert_array_equal(torch.cat(codes[name]).T.numpy(), whole[name])
