@@ -509,7 +509,7 @@ class ARStageRuntime(StageRuntime):
 
     @staticmethod
     def _prompt_ids(request: _Request, output: Any) -> list[int] | None:
-        # For an embeddings prompt vLLM reports placeholder zeros, not real ids: carry none.
+        # A prompt given as embeddings (vLLM holds placeholder ids for its rows): carry no ids.
         if request.data.get("prompt_embeds") is not None:
             return None
         return list(output.prompt_token_ids or [])

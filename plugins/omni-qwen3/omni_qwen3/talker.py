@@ -4,8 +4,7 @@ The vLLM model class is `omni_qwen3.talker_model.Qwen3OmniTalkerForCausalLM`. Th
 how the `ar` runtime starts it (the talker slice of the one checkpoint, no tokenizer), turns the
 edge adapter's input into a placeholder-id prompt plus per-request side inputs (the prompt's rows,
 the speaker, trailing text streamed in while the request runs), how many frames the text so far
-allows, and
-shapes chunks as ``codes`` ``[n_frames, num_code_groups]``.
+allows, and shapes chunks as ``codes`` ``[n_frames, num_code_groups]``.
 Also here: `TalkerWeights`, the few small talker tensors the thinker -> talker edge needs.
 Nothing heavy is imported at module import.
 """
