@@ -49,7 +49,7 @@ from vllm.model_executor.models.qwen2 import Qwen2MLP
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from vllm.model_executor.models.utils import maybe_prefix
 
-from omni_core.stages.vllm_bridge import FIRST_PROMPT_LEN, RESUMED_TOKENS, CapturedRows, HiddenStateCapture
+from omni_core.stages.vllm_bridge import RESUMED_TOKENS, CapturedRows, HiddenStateCapture
 
 ARCHITECTURE = "OmniQwen3OmniTalkerForCausalLM"
 # Keys of the model's own per-request state in the side-input store entry.
@@ -166,7 +166,7 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         for req_id, row_start, row_end, pos_start in layout:
             state = self.omni_request_state(req_id)
             side = self.omni_side(req_id)
-            prompt_len = _prompt_len(state, side)
+            prompt_len = _prompt_len(side)
             mrope = side.get("mrope_positions")
             if mrope is not None and positions.ndim == 2:
                 positions[:, row_start:row_end] = _mrope_rows(mrope, int(side.get("mrope_delta", 0)), pos_start, row_end - row_start)
@@ -196,9 +196,8 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         frames: list[torch.Tensor] = []
         spans: list[tuple[dict[str, Any], int, int, torch.Tensor]] = []  # (side inputs, first row, first generated index, frames)
         for req_id, row_start, row_end, pos_start in layout:
-            state = self.omni_request_state(req_id)
             side = self.omni_side(req_id)
-            prompt_len = _prompt_len(state, side)
+            prompt_len = _prompt_len(side)
             out = torch.full((row_end - row_start, groups), _NO_CODE, dtype=torch.long)
             first_row = max(row_start, row_start + prompt_len - pos_start)
             if first_row < row_end:
@@ -421,15 +420,9 @@ class _PredictorLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def _prompt_len(state: Any, side: dict[str, Any]) -> int:
-    """Rows of the request's first prompt (a resumed run's prompt also holds generated tokens)."""
-    if side.get("prompt_embeds") is not None:
-        return int(side["prompt_embeds"].shape[0])
-    if side.get(FIRST_PROMPT_LEN):
-        return int(side[FIRST_PROMPT_LEN])
-    if state.prompt_embeds is not None:
-        return int(state.prompt_embeds.shape[0])
-    return len(state.prompt_token_ids or [])
+def _prompt_len(side: dict[str, Any]) -> int:
+    """Rows of the request's first prompt (its side input; vLLM's prompt grows with resumptions)."""
+    return int(side["prompt_embeds"].shape[0])
 
 
 def _generated_token(state: Any, side: dict[str, Any], index: int) -> int:
