@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+from omni_core.errors import InvalidRequestError
+
 Payload = dict[str, Any]
 
 
@@ -19,7 +21,9 @@ class Chunk:
     """A piece of one request's output from one stage.
 
     `index` counts the chunks of (request, stage) from 0; `final` marks the last one. A chunk with
-    `error` set fails the request (only that request).
+    `error` set fails the request (only that request): with `invalid` the request's own input was
+    at fault (the caller gets `InvalidRequestError` naming `param`, HTTP 400), else the stage
+    (`StageError`, HTTP 500). `Chunk.failed` builds one from the exception.
     """
 
     request_id: str
@@ -28,6 +32,16 @@ class Chunk:
     data: Payload = attrs.field(factory=dict)
     final: bool = False
     error: str | None = None
+    invalid: bool = False
+    param: str | None = None
+
+    @classmethod
+    def failed(cls, request_id: str, stage: str, index: int, error: BaseException | str) -> Chunk:
+        """The final error chunk of a request that failed alone; an `InvalidRequestError` stays a
+        client error."""
+        invalid = isinstance(error, InvalidRequestError)
+        param = error.param if isinstance(error, InvalidRequestError) else None
+        return cls(request_id, stage, index, final=True, error=str(error), invalid=invalid, param=param)
 
 
 @attrs.define

@@ -311,6 +311,8 @@ def test_failing_request_gets_an_error_chunk_and_others_continue(checkpoint: Pat
     runtime.add_request("good", StageInput(data={"codes": torch.arange(4)}))
     chunks = {c.request_id: c for c in runtime.step()}
     assert chunks["bad"].error is not None and "on purpose" in chunks["bad"].error and chunks["bad"].final
+    # check() rejected the request's input: a client error naming the parameter, not a stage fault.
+    assert chunks["bad"].invalid and chunks["bad"].param == "fail"
     assert chunks["good"].error is None and chunks["good"].final
     assert vocoder(runtime).batch_sizes == [1] and not runtime._requests
 

@@ -63,6 +63,8 @@ class ServedModel:
     - `greedy_stage_params`: stage_params that make every stage after the first deterministic too
       (top-level ``temperature`` reaches only the first AR stage).
     - `failing_stage_params`: stage_params that make a stage fail on purpose (a test hook), or None.
+    - `rejecting_stage_params`: stage_params that make a later stage reject the request's input
+      while it runs (a test hook: its model's per-item check), or None.
     - `unsupported_part`: a content part the model does not take, or None.
     - `mm_processor_kwargs`: (a valid, an invalid) ``mm_processor_kwargs`` for its input
       processor, or None where the family reads none.
@@ -76,6 +78,7 @@ class ServedModel:
     voice: str = "default"
     greedy_stage_params: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     failing_stage_params: dict[str, dict[str, Any]] | None = None
+    rejecting_stage_params: dict[str, dict[str, Any]] | None = None
     unsupported_part: dict[str, Any] | None = None
     mm_processor_kwargs: tuple[dict[str, Any], dict[str, Any]] | None = None
     reference: Callable[[list[dict[str, str]], int], Reference] | None = None
@@ -114,6 +117,7 @@ CASES = {
         inline=("lm.placement=inline", "vocoder.placement=inline"),
         modalities=("text", "audio"),
         failing_stage_params={"vocoder": {"fail": "stage"}},
+        rejecting_stage_params={"vocoder": {"fail": "request"}},
         unsupported_part={"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
         reference=_toy_reference,
     ),
@@ -520,6 +524,21 @@ def test_stage_failure_fails_only_that_request(inline_server: LiveServer, served
     _complete_ok(inline_server, served)
     health = httpx.get(f"{inline_server.url}/health").json()
     assert health["status"] == "ok"
+
+
+def test_input_rejected_mid_pipeline_is_a_client_error(inline_server: LiveServer, served: ServedModel) -> None:
+    """A later stage that rejects the request's input while it runs (after the first stage
+    streamed) gives a 400 naming the parameter, not a 500; the server goes on."""
+    if served.rejecting_stage_params is None:
+        pytest.skip("the model has no rejection test hook")
+    url = f"{inline_server.url}/v1/chat/completions"
+    body = _chat_body(served, modalities=list(served.modalities), stage_params=served.rejecting_stage_params)
+    error = _assert_error_body(httpx.post(url, json=body, timeout=120), 400)
+    assert error["type"] == "invalid_request_error" and error["param"] == "fail" and "on purpose" in error["message"]
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as response:
+        events = _sse_data(response)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "invalid_request_error"
+    _complete_ok(inline_server, served)
 
 
 # -- process placement: auth, disconnects, shutdown -------------------------------------------------

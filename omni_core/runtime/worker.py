@@ -220,7 +220,7 @@ class StageWorker:
         if state is None:
             return  # aborted while the step ran
         if chunk.error is not None:
-            self._fail_request(chunk.request_id, chunk.error, invalid=False)
+            self._fail_request(chunk.request_id, chunk.error, invalid=chunk.invalid, param=chunk.param)
             return
         try:
             for target in state.targets:

@@ -410,7 +410,7 @@ class ARStageRuntime(StageRuntime):
             error = getattr(output, "error", None)
             if error is not None:
                 # A request-level failure in vLLM: fail this request only.
-                chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(error)))
+                chunks.append(Chunk.failed(request_id, self.stage.name, request.chunks, str(error)))
                 self._forget(request_id)
                 continue
             completion = output.outputs[0]
@@ -453,7 +453,7 @@ class ARStageRuntime(StageRuntime):
                 try:
                     self._hold(request_id, request)
                 except InvalidRequestError as exc:  # vLLM rejected the resumed run
-                    chunks.append(Chunk(request_id, self.stage.name, request.chunks, final=True, error=str(exc)))
+                    chunks.append(Chunk.failed(request_id, self.stage.name, request.chunks, exc))
         return chunks
 
     def _has_room(self, request: _Request) -> bool:

@@ -229,7 +229,7 @@ class GenerationStageRuntime(StageRuntime):
             try:
                 model.check(item)
             except InvalidRequestError as exc:
-                chunks.append(self._fail(request_id, request, str(exc)))
+                chunks.append(self._fail(request_id, request, exc))
                 continue
             items.append(item)
             frames += item.new_frames
@@ -341,10 +341,10 @@ class GenerationStageRuntime(StageRuntime):
             first = min(first, max(0, next_segment - model.segment_context))
         return first
 
-    def _fail(self, request_id: str, request: _Request, message: str) -> Chunk:
+    def _fail(self, request_id: str, request: _Request, error: InvalidRequestError) -> Chunk:
         del self._requests[request_id]
         self._loaded().forget(request_id)
-        return Chunk(request_id, self.stage.name, request.chunks, final=True, error=message)
+        return Chunk.failed(request_id, self.stage.name, request.chunks, error)
 
     @staticmethod
     def _to_output(samples: torch.Tensor) -> Any:

@@ -1,7 +1,8 @@
 """The toy model parts' test hook: the stage parameter ``fail`` makes a request fail on purpose.
 
 - ``"invalid"``: rejected when it starts (`InvalidRequestError` from ``add_request``);
-- ``"request"``: only this request fails, at its first decode (an error chunk);
+- ``"request"``: only this request fails, rejected by the model's per-item check at its first
+  decode (an error chunk, still a client error);
 - ``"stage"``: the decode raises (a stage failure: every request of the stage fails);
 - ``"crash"``: the worker process ends (``os._exit(1)``), as a real crash would.
 """

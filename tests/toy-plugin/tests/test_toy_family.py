@@ -103,8 +103,11 @@ async def test_passthrough_through_the_engine_with_fail_hooks(tmp_path: Path, ho
         assert np.concatenate([d.data["audio"] for d in deltas]).tolist() == list(b"hello")
         with pytest.raises(InvalidRequestError):
             await asyncio.wait_for(_collect(engine, OmniRequest(prompt="x", params={"echo": {"fail": "invalid"}})), 60)
-        with pytest.raises(StageError, match="on purpose"):
+        with pytest.raises(InvalidRequestError, match="on purpose") as rejected:
             await asyncio.wait_for(_collect(engine, OmniRequest(prompt="x", params={"echo": {"fail": "request"}})), 60)
+        assert rejected.value.param == "fail"  # rejected mid-step by the model's check(): still the client's error
+        with pytest.raises(StageError, match="on purpose"):
+            await asyncio.wait_for(_collect(engine, OmniRequest(prompt="x", params={"echo": {"fail": "stage"}})), 60)
         deltas = await asyncio.wait_for(_collect(engine, OmniRequest(prompt="again")), 60)
         assert deltas[-1].final
 
