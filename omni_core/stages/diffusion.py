@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
+from omni_core.config.modelref import CHECKPOINT_DTYPE, resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
@@ -26,7 +27,7 @@ from omni_core.stages.base import ProgressCallback, StageRuntime
 from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 
-Dtype = Literal["float32", "bfloat16", "float16"]
+Dtype = Literal["float32", "bfloat16", "float16", "checkpoint"]
 
 
 @attrs.frozen
@@ -35,7 +36,8 @@ class DiffusionOptions:
 
     - `max_num_seqs`: most samples denoised at once (a request with ``n`` images counts ``n``).
     - `admission_window_ms`: when idle, how long the first request waits for others to start with it.
-    - `dtype`, `device` (``None``: the stage's first device, else CUDA when available, else CPU).
+    - `dtype` (``checkpoint``: the dtype the checkpoint stores its weights in), `device` (``None``:
+      the stage's first device, else CUDA when available, else CPU).
     - `quantization`: a registered quantization resolver (``int8`` for CPU, ``fp8`` for GPU, ...)
       applied to the DiT linears.
     - `cache`: default cache acceleration (``none`` or ``first_block``), `cache_threshold` and
@@ -51,7 +53,9 @@ class DiffusionOptions:
 
     max_num_seqs: int = attrs.field(default=8, validator=attrs.validators.ge(1))
     admission_window_ms: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
-    dtype: Dtype = attrs.field(default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16")))
+    dtype: Dtype = attrs.field(
+        default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE))
+    )
     device: str | None = None
     quantization: str | None = None
     cache: str = attrs.field(default="none", validator=attrs.validators.in_(CACHE_MODES))
@@ -98,7 +102,7 @@ class DiffusionStageRuntime(StageRuntime):
         model.load(
             LoadSpec(
                 device=self.device(),
-                dtype=self.options.dtype,
+                dtype=resolve_dtype(self.options.dtype, self.pipeline.model_path),
                 quantization=self._quantization(),
                 vae_tiling=self.options.vae_tiling,
                 vae_tile=self.options.vae_tile,

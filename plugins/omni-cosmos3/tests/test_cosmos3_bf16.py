@@ -149,6 +149,8 @@ def test_checkpoint_made_in_bfloat16_on_meta_loads_and_generates(tmp_path: Path)
         weight = f.get_tensor(name)
     assert weight.dtype == torch.bfloat16
     assert 0.03 < float(weight.float().std()) < 0.07  # filled with the spec's init (std 0.05), not garbage
-    runtime = runtime_for(str(tmp_path / "ckpt"), "bfloat16")
+    # dtype "checkpoint": the dtype the checkpoint stores its weights in.
+    runtime = runtime_for(str(tmp_path / "ckpt"), "checkpoint")
+    assert runtime.model.transformer.layers[0].mlp_moe_gen.up_proj.weight.dtype == torch.bfloat16
     image = generate(runtime, {"a": request(seed=0, steps=3)})["a"]
     assert image.shape == (32, 32, 3) and image.std() > 1
