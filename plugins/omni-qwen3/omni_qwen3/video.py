@@ -59,7 +59,8 @@ class DecodedVideo:
 
 def decode_video(raw: bytes, where: str = "video", with_audio: bool = False) -> DecodedVideo:
     """Decode a video file's bytes (any container/codec FFmpeg reads) to RGB frames with PyAV;
-    `with_audio` also decodes its first audio stream (`decode_sound_track`)."""
+    `with_audio` also decodes its first audio stream in the same pass over the file, downmixed to
+    mono and resampled to `SOUND_TRACK_RATE` by FFmpeg's resampler (float32 samples)."""
     try:
         import av
     except ImportError:  # pragma: no cover - av is a dependency of the serving install
@@ -69,51 +70,48 @@ def decode_video(raw: bytes, where: str = "video", with_audio: bool = False) -> 
     import numpy as np
 
     frames: list[np.ndarray] = []
+    pieces: list[np.ndarray] = []
     fps: float | None = None
+    part = "video"
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
             if not container.streams.video:
                 raise InvalidRequestError(f"{where}: the file has no video stream", param="messages")
-            stream = container.streams.video[0]
-            if stream.average_rate:
-                fps = float(stream.average_rate)
-            for frame in container.decode(stream):
-                frames.append(frame.to_ndarray(format="rgb24"))
+            video = container.streams.video[0]
+            if video.average_rate:
+                fps = float(video.average_rate)
+            streams = [video]
+            resampler = None
+            if with_audio:
+                if not container.streams.audio:
+                    raise InvalidRequestError(
+                        f"{where}: use_audio_in_video reads the video's sound track, and this video has none", param="messages"
+                    )
+                streams.append(container.streams.audio[0])
+                resampler = av.AudioResampler(format="flt", layout="mono", rate=SOUND_TRACK_RATE)
+            # One demux over both streams; each stream's last (empty) packet flushes its decoder.
+            for packet in container.demux(*streams):
+                part = "video" if packet.stream is video else "video's sound track"
+                for frame in packet.decode():
+                    if resampler is None or packet.stream is video:
+                        frames.append(frame.to_ndarray(format="rgb24"))
+                    else:
+                        pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
+            if resampler is not None:
+                part = "video's sound track"
+                pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
     except InvalidRequestError:
         raise
     except (av.FFmpegError, ValueError, OSError) as exc:
-        raise InvalidRequestError(f"{where}: cannot decode the video ({exc})", param="messages") from None
+        raise InvalidRequestError(f"{where}: cannot decode the {part} ({exc})", param="messages") from None
     if not frames:
         raise InvalidRequestError(f"{where}: the video has no frames", param="messages")
-    audio = decode_sound_track(raw, where) if with_audio else None
+    audio = None
+    if with_audio:
+        audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, dtype=np.float32)
+        if audio.size == 0:
+            raise InvalidRequestError(f"{where}: the video's sound track is empty", param="messages")
     return DecodedVideo(frames=np.stack(frames), fps=fps, audio=audio)
-
-
-def decode_sound_track(raw: bytes, where: str = "video") -> np.ndarray:
-    """The first audio stream of a video file's bytes, downmixed to mono and resampled to
-    `SOUND_TRACK_RATE` by FFmpeg's resampler (float32 samples)."""
-    import av
-    import numpy as np
-
-    pieces: list[np.ndarray] = []
-    try:
-        with av.open(io.BytesIO(raw), mode="r") as container:
-            if not container.streams.audio:
-                raise InvalidRequestError(
-                    f"{where}: use_audio_in_video reads the video's sound track, and this video has none", param="messages"
-                )
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=SOUND_TRACK_RATE)
-            for frame in container.decode(container.streams.audio[0]):
-                pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
-            pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))
-    except InvalidRequestError:
-        raise
-    except (av.FFmpegError, ValueError, OSError) as exc:
-        raise InvalidRequestError(f"{where}: cannot decode the video's sound track ({exc})", param="messages") from None
-    audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, dtype=np.float32)
-    if audio.size == 0:
-        raise InvalidRequestError(f"{where}: the video's sound track is empty", param="messages")
-    return audio
 
 
 def as_frames(video: Any, where: str = "video") -> np.ndarray:
