@@ -11,9 +11,9 @@ the same amount of text and audio per request.
   time, the way a transformers user serves it: a single worker that the same `concurrency`
   clients queue for. It returns everything at the end, so its TTFT and TTFP equal its E2EL.
 - The two run level by level, alternately and never at once (the machine may be shared).
-- Before measuring, one unmeasured wave of Omni at each concurrency level (its first batch of a
-  size builds that size's kernels once; measured here, that first concurrency-8 wave's TTFP was
-  10-20% above the later ones), and one request of the reference.
+- Before measuring, one unmeasured wave of Omni at each concurrency level (measured here, the
+  first concurrency-8 wave's TTFP was 10-25% above the later ones: one-time work for a new batch
+  size, presumably kernel setup for its shapes), and one request of the reference.
 - `--rounds` times over (default 3): every round runs every level of both systems again. A level of
   Omni lasts a few seconds, so one slow phase of a shared machine moves a single measurement by
   20% or more; each ratio is taken within a round (both systems measured in the same minutes) and
@@ -193,9 +193,9 @@ async def bench(model_dir: Path, args: argparse.Namespace) -> list[Round]:
         for one in systems.values():
             await one(0)  # warm up (first-request work, lazy loads)
         for concurrency in args.concurrency:
-            # Omni's first batch of each size builds kernels for its shapes once (oneDNN
-            # primitives, allocator growth): one unmeasured wave per level, as serving benchmarks
-            # warm up. (The reference runs one request at a time: its shapes never change.)
+            # Omni's first batch of each size is slower (one-time work for its shapes): one
+            # unmeasured wave per level, as serving benchmarks warm up. (The reference runs one
+            # request at a time: its shapes never change.)
             await closed_loop(concurrency, concurrency, systems["omni"])
         for number in range(1, args.rounds + 1):
             current = Round([], [])
