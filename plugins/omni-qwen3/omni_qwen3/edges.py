@@ -34,14 +34,13 @@ import attrs
 
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
+from omni_qwen3.talker import ASSISTANT_PREFIX
 
 if TYPE_CHECKING:
     import torch
 
     from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline
     from omni_qwen3.talker import TalkerWeights
-
-ASSISTANT_PREFIX = 3  # <|im_start|> assistant \n
 
 
 @attrs.frozen
@@ -77,7 +76,6 @@ def build_talker_input(
     import torch
 
     config = weights.config
-    talker = config["talker_config"]
     thinker = config["thinker_config"]
     ids = torch.as_tensor(prompt_ids, dtype=torch.long)
     length = ids.shape[0]
@@ -97,37 +95,27 @@ def build_talker_input(
         roles = ids[(previous + 1).clamp_max(length - 1)]
         user = roles == config["user_token_id"]
         multimodal = (ids == thinker["audio_token_id"]) | (ids == thinker["image_token_id"]) | (ids == thinker["video_token_id"])
-        user_rows = torch.empty((int(user.sum()), weights.codec_embedding.shape[1]), dtype=torch.float32)
-        user_mm = multimodal[user]
-        if user_mm.any():
-            user_rows[user_mm] = weights.hidden_projection(hidden[:length][user & multimodal])
-        user_rows[~user_mm] = weights.text_projection(embeds[:length][user & ~multimodal])
-
         starts = torch.nonzero((ids[:-1] == config["im_start_token_id"]) & (ids[1:] == config["assistant_token_id"])).flatten()
         if starts.numel() == 0:
             raise InvalidRequestError("the thinker prompt has no assistant turn to speak", param="messages")
         start = int(starts[-1])
-        assistant = weights.text_projection(embeds[start : start + ASSISTANT_PREFIX + 1])
-        special = weights.text_projection(weights.thinker_embedding([config["tts_bos_token_id"], config["tts_pad_token_id"]]))
-        tts_bos, tts_pad = special[0:1], special[1:2]
+        user_rows = torch.empty((int(user.sum()), weights.codec_embedding.shape[1]), dtype=torch.float32)
+        user_mm = multimodal[user]
+        if user_mm.any():
+            user_rows[user_mm] = weights.hidden_projection(hidden[:length][user & multimodal])
+        # The user's text rows and the assistant's opening rows: one projection (row-wise, so equal
+        # to two).
+        user_text = embeds[:length][user & ~multimodal]
+        text = weights.text_projection(torch.cat([user_text, embeds[start : start + ASSISTANT_PREFIX + 1]]))
+        user_rows[~user_mm] = text[: user_text.shape[0]]
+        assistant = text[user_text.shape[0] :]
+        tts_bos, tts_pad = weights.tts_rows
         text_part = torch.cat(
             [assistant[:ASSISTANT_PREFIX], tts_pad.expand(4, -1), tts_bos, assistant[ASSISTANT_PREFIX : ASSISTANT_PREFIX + 1]]
         )
-        codec_ids = [
-            talker["codec_nothink_id"],
-            talker["codec_think_bos_id"],
-            talker["codec_think_eos_id"],
-            None,  # the speaker: added by the talker's model part
-            talker["codec_pad_id"],
-            talker["codec_bos_id"],
-        ]
-        codec_part = torch.zeros((ASSISTANT_PREFIX + len(codec_ids), text_part.shape[1]), dtype=torch.float32)
-        for offset, codec_id in enumerate(codec_ids):
-            if codec_id is not None:
-                codec_part[ASSISTANT_PREFIX + offset] = weights.codec_embedding[codec_id]
         # The first generated token may be missing (it was the last one): slices then agree with
         # transformers', which slices the same short tensor.
-        assistant_part = text_part + codec_part[: text_part.shape[0]]
+        assistant_part = text_part + weights.assistant_codec_rows[: text_part.shape[0]]
         trailing = embeds[start + ASSISTANT_PREFIX + 1 :]
         if final:
             trailing = torch.cat([trailing, weights.thinker_embedding([config["tts_eos_token_id"]])])

@@ -32,6 +32,8 @@ DEFAULT_SPEAKER = "Ethan"
 SPEAKER_PARAM = "speaker"
 # Codec ids generate() suppresses: the last 1024 of the talker vocabulary, except codec EOS.
 SUPPRESSED_TAIL = 1024
+# The assistant turn's opening tokens in the talker prompt: <|im_start|> assistant \n.
+ASSISTANT_PREFIX = 3
 
 
 def read_config(model_path: str | Path) -> dict[str, Any]:
@@ -82,7 +84,8 @@ class TalkerWeights:
 
     `text_projection` / `hidden_projection` map thinker rows to the talker's width; `codec_embedding`
     is the talker's codec table; `thinker_embedding(ids)` reads rows of the thinker's token table
-    (the tts special tokens are embedded with it before projection).
+    (the tts special tokens are embedded with it before projection). `tts_rows` and
+    `assistant_codec_rows` are the parts every talker prompt shares, computed once here.
     """
 
     def __init__(self, model_path: str | Path) -> None:
@@ -106,6 +109,27 @@ class TalkerWeights:
             module.load_state_dict({k[len(f"talker.{name}.") :]: v for k, v in tensors.items() if k.startswith(f"talker.{name}.")})
         self.codec_embedding = tensors["talker.model.codec_embedding.weight"]
         self._thinker_embedding = tensors["thinker.model.embed_tokens.weight"]
+
+        talker = self.config["talker_config"]
+        with torch.inference_mode():
+            special = self.text_projection(self.thinker_embedding([self.config["tts_bos_token_id"], self.config["tts_pad_token_id"]]))
+        # tts_bos, tts_pad projected ([1, H] each): in every talker prompt.
+        self.tts_rows: tuple[torch.Tensor, torch.Tensor] = (special[0:1], special[1:2])
+        # The codec embeddings added to the assistant's 9 opening rows (zero on the first three and
+        # on the speaker's row: the talker's model part adds the request's speaker).
+        codec_ids = [
+            talker["codec_nothink_id"],
+            talker["codec_think_bos_id"],
+            talker["codec_think_eos_id"],
+            None,
+            talker["codec_pad_id"],
+            talker["codec_bos_id"],
+        ]
+        rows = torch.zeros((ASSISTANT_PREFIX + len(codec_ids), self.codec_embedding.shape[1]), dtype=torch.float32)
+        for offset, codec_id in enumerate(codec_ids):
+            if codec_id is not None:
+                rows[ASSISTANT_PREFIX + offset] = self.codec_embedding[codec_id]
+        self.assistant_codec_rows = rows
 
     def thinker_embedding(self, ids: list[int]) -> torch.Tensor:
         import torch
