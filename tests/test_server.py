@@ -258,6 +258,7 @@ def test_chat_text_matches_reference(inline_server: LiveServer, served: ServedMo
     )
     choice = completion.choices[0]
     assert choice.message.content and choice.message.audio is None
+    assert choice.message.role == "assistant"
     usage = completion.usage
     assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert 1 <= usage.completion_tokens <= MAX_TOKENS
@@ -305,6 +306,7 @@ def test_streaming_chat_with_audio_matches_non_streaming(any_server: LiveServer,
     whole = httpx.post(url, json=_chat_body(served, **audio_body), headers=headers, timeout=120)
     assert whole.status_code == 200, whole.text
     whole_body = whole.json()
+    assert whole_body["choices"][0]["message"]["role"] == "assistant"  # (always sent, as OpenAI does)
     expected_text = whole_body["choices"][0]["message"]["content"]
     expected_audio, rate = _read_wav(base64.b64decode(whole_body["choices"][0]["message"]["audio"]["data"]))
 

@@ -150,8 +150,11 @@ class AudioOutput(msgspec.Struct):
 
 
 class AssistantMessage(msgspec.Struct, omit_defaults=True):
-    role: str = "assistant"
-    content: str | None = None
+    """A chat completion's message. `role` and `content` are always in the body (``content`` null
+    when there is no text), as OpenAI sends them; `audio` only when audio was produced."""
+
+    role: Literal["assistant"]
+    content: str | None
     audio: AudioOutput | None = None
 
 

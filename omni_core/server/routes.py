@@ -91,7 +91,7 @@ class ChatController(Controller):
         if result.audio is not None:
             encoded, _ = encode_audio(result.audio, result.sample_rate or 24000, audio_format)
             audio = AudioOutput(id=f"audio_{uuid.uuid4().hex[:16]}", data=b64(encoded), expires_at=int(time.time()) + 3600, transcript=result.text)
-        message = AssistantMessage(content=result.text, audio=audio)
+        message = AssistantMessage(role="assistant", content=result.text, audio=audio)
         body = ChatCompletion(
             id=omni_request.request_id,
             created=int(time.time()),

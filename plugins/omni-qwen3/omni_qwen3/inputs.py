@@ -305,6 +305,15 @@ def _plain_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(texts)
 
 
+def undecodable(where: str, what: str, exc: BaseException) -> InvalidRequestError:
+    """The error for a part the decoder refused, with the decoder's reason minus the Python object
+    reprs some decoders put in it (``<_io.BytesIO object at 0x...>``)."""
+    import re
+
+    reason = re.sub(r"\s*<[^<>]* object at 0x[0-9a-f]+>", "", str(exc)).strip() or type(exc).__name__
+    return InvalidRequestError(f"{where}: cannot decode {what} ({reason})", param="messages")
+
+
 def _b64decode(data: Any, where: str) -> bytes:
     if not isinstance(data, str) or not data:
         raise InvalidRequestError(f"{where}: expected base64 data", param="messages")
@@ -329,7 +338,7 @@ def _decode_image_url(value: Any, where: str) -> Any:
             )
         image.load()
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidRequestError(f"{where}: cannot decode the image ({exc})", param="messages") from None
+        raise undecodable(where, "the image", exc) from None
     return image.convert("RGB")
 
 
@@ -398,9 +407,7 @@ def _decode_input_audio(value: Any, where: str) -> np.ndarray:
     try:
         samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise InvalidRequestError(
-            f"{where}: cannot decode the audio as wav/mp3/flac ({exc})", param="messages"
-        ) from None
+        raise undecodable(where, "the audio as wav/mp3/flac", exc) from None
     if samples.shape[0] == 0:
         raise InvalidRequestError(f"{where}: the audio is empty", param="messages")
     return _as_mono_16k(samples.mean(axis=1), int(rate), where)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from omni_core.errors import InvalidRequestError
+from omni_qwen3.inputs import undecodable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -103,7 +104,7 @@ def decode_video(raw: bytes, where: str = "video", with_audio: bool = False) -> 
     except InvalidRequestError:
         raise
     except (av.FFmpegError, ValueError, OSError) as exc:
-        raise InvalidRequestError(f"{where}: cannot decode the {part} ({exc})", param="messages") from None
+        raise undecodable(where, f"the {part}", exc) from None
     if not frames:
         raise InvalidRequestError(f"{where}: the video has no frames", param="messages")
     audio = None

@@ -150,6 +150,7 @@ def test_audio_formats_and_resampling(processor: Qwen3OmniInputProcessor) -> Non
     [
         ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "@@", "format": "wav"}}]}], "base64"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}], "image"),
+        ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "wav"}}]}], "cannot decode the audio"),
         ([{"role": "user", "content": [{"type": "audio", "audio": np.zeros(0)}]}], "non-empty"),
         ([{"role": "user", "content": 5}], "string or a list"),
         ([{"content": "no role"}], "role"),
@@ -157,8 +158,9 @@ def test_audio_formats_and_resampling(processor: Qwen3OmniInputProcessor) -> Non
     ],
 )
 def test_bad_messages(processor: Qwen3OmniInputProcessor, messages: Any, match: str) -> None:
-    with pytest.raises(InvalidRequestError, match=match):
+    with pytest.raises(InvalidRequestError, match=match) as info:
         processor(OmniRequest(messages=messages))
+    assert " object at 0x" not in str(info.value)  # the decoders' reasons, without Python reprs
 
 
 def test_oversized_image_is_refused_before_decoding(processor: Qwen3OmniInputProcessor) -> None:
