@@ -440,6 +440,13 @@ def test_unknown_engine_argument_is_a_config_error(tiny_lm: Path) -> None:
         runtime.load()
 
 
+def test_a_kv_cache_too_small_for_max_model_len_names_the_stage_options(tiny_lm: Path) -> None:
+    runtime = _runtime(tiny_lm, f"{__name__}:plain_lm", streaming=True, load=False, kv_cache_memory_bytes=4096)
+    with pytest.raises(ConfigError, match=r"cache blocks.*raise `thinker.kv_cache_memory_bytes` \(now 4096\) or lower `thinker.max_model_len`"):
+        runtime.load()
+    runtime.close()
+
+
 def test_checkpoint_dtype_runs_the_weights_as_stored(tiny_lm: Path, tmp_path: Path) -> None:
     import json
 

@@ -124,6 +124,17 @@ async def test_crashed_process_fails_its_requests_and_restarts():
         assert health["s1"]["restarts"] == 1 and health["s1"]["healthy"]
 
 
+@pytest.mark.parametrize("placement", ["inline", "process"])
+async def test_a_stage_that_fails_to_load_says_why(placement):
+    """The engine's start error carries the runtime's own reason, not just "see the log"."""
+    pipeline = passthrough_pipeline(stages=2, placement=placement)
+    broken = attrs.evolve(pipeline.stages[1], options={**pipeline.stages[1].options, "load_error": "no weights at /nowhere"})
+    pipeline = attrs.evolve(pipeline, stages=(pipeline.stages[0], broken))
+    with pytest.raises(StageError, match="s1.*replica 0 failed to load: RuntimeError: no weights at /nowhere"):
+        async with AsyncOmniEngine(pipeline):
+            pass
+
+
 async def test_messages_larger_than_a_pipe_reach_a_worker_process():
     async with AsyncOmniEngine(passthrough_pipeline(stages=2, placement="process")) as engine:
         blob = "x" * (3 << 20)

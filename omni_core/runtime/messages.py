@@ -71,6 +71,13 @@ class Progress(_Message):
 
 
 @attrs.frozen
+class LoadFailed(_Message):
+    """The stage's runtime failed to load (the worker exits after this): why, for the user."""
+
+    message: str
+
+
+@attrs.frozen
 class Emit(_Message):
     """A chunk left the stage: towards stage `target` or, when `target` is None, to the user."""
 

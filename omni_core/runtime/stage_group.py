@@ -40,6 +40,7 @@ class StageGroup:
         self.max_restarts = max_restarts
         self.restarts = [0] * stage.replicas
         self.dead = [False] * stage.replicas
+        self.load_errors: dict[int, str] = {}  # replica -> why its last load failed (`LoadFailed`)
         self.replicas: list[Any] = [self._make_replica(i) for i in range(stage.replicas)]
         self.ready: list[asyncio.Future[None]] = [loop.create_future() for _ in self.replicas]
         self.load: list[int] = [0] * stage.replicas
@@ -79,6 +80,8 @@ class StageGroup:
             logger.info("stage %s replica %d ready (pid %d)", self.name, index, message.pid)
         elif isinstance(message, m.Progress):
             logger.info("stage %s replica %d: %s (%.0f%%)", self.name, index, message.description, 100 * message.fraction)
+        elif isinstance(message, m.LoadFailed):
+            self.load_errors[index] = message.message
         elif isinstance(message, m.Pong):
             future = self._pings.pop(message.token, None)
             if future is not None and not future.done():
@@ -93,7 +96,9 @@ class StageGroup:
                 future.set_exception(StageError(self.name, "worker died"))
         if not self.ready[index].done():
             self.dead[index] = True
-            self.ready[index].set_exception(StageError(self.name, f"replica {index} died while loading; see its log above"))
+            reason = self.load_errors.get(index)
+            detail = f"failed to load: {reason}" if reason else "died while loading; see its log above"
+            self.ready[index].set_exception(StageError(self.name, f"replica {index} {detail}"))
             return
         if self.restarts[index] >= self.max_restarts:
             logger.error("stage %s replica %d crashed %d times: not restarting", self.name, index, self.restarts[index])

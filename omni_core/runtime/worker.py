@@ -100,8 +100,13 @@ class StageWorker:
         self.send(m.Ready(os.getpid()))
 
     def run(self, inbox: Inbox) -> None:
-        """Serve until `Shutdown` (or the inbox closes)."""
-        self.load()
+        """Serve until `Shutdown` (or the inbox closes). A failed load is reported (`LoadFailed`),
+        then raised: the worker ends."""
+        try:
+            self.load()
+        except Exception as exc:
+            self.send(m.LoadFailed(f"{type(exc).__name__}: {exc}"))
+            raise
         try:
             while True:
                 assert self.runtime is not None

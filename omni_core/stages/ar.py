@@ -160,7 +160,23 @@ class ARStageRuntime(StageRuntime):
         args = self.engine_args()
         if progress:
             progress(f"starting vLLM for stage {self.stage.name!r}", 0.2)
-        self.engine = vllm_bridge.create_engine(args)
+        try:
+            self.engine = vllm_bridge.create_engine(args)
+        except ValueError as exc:
+            if "KV cache" not in str(exc) and "cache blocks" not in str(exc):
+                raise
+            # vLLM names its own flags; say which of this stage's options set them.
+            name = self.stage.name
+            memory = (
+                f"`{name}.kv_cache_memory_bytes` (now {args['kv_cache_memory_bytes']})"
+                if "kv_cache_memory_bytes" in args
+                else f"`{name}.gpu_memory_utilization` (now {args['gpu_memory_utilization']})"
+            )
+            raise ConfigError(
+                f"vLLM's KV cache does not fit: {exc} In Omni, raise {memory} or lower "
+                f"`{name}.max_model_len` (--set {name}.OPTION=VALUE, or the deploy file's stages.{name}.options)",
+                key=f"stages.{name}.options",
+            ) from exc
         if self.model_part.capture_hidden_states:
             vllm_bridge.attach_capture(self.engine)
         if progress:

@@ -23,6 +23,7 @@ from omni_core.stages.base import ProgressCallback, StageRuntime
 class PassThroughOptions:
     max_batch_size: int = 64
     step_delay_s: float = 0.0
+    load_error: str = ""  # when set, `load` raises RuntimeError with this message
 
 
 class PassThroughRuntime(StageRuntime):
@@ -37,6 +38,8 @@ class PassThroughRuntime(StageRuntime):
     Options = PassThroughOptions
 
     def load(self, progress: ProgressCallback | None = None) -> None:
+        if self.options.load_error:
+            raise RuntimeError(self.options.load_error)
         self.pending: dict[str, deque[StageInput]] = {}
         self.params: dict[str, dict[str, Any]] = {}
         self.emitted: dict[str, int] = {}
