@@ -447,6 +447,29 @@ def test_a_kv_cache_too_small_for_max_model_len_names_the_stage_options(tiny_lm:
     runtime.close()
 
 
+def test_cpu_kv_cache_default_is_sized_from_the_model(tiny_lm: Path) -> None:
+    import json
+
+    from omni_core.stages.ar import CPU_DEFAULT_KV_CACHE_BYTES, cpu_kv_cache_bytes
+    from omni_core.stages.vllm_bridge import kv_cache_bytes_per_token
+
+    runtime = _runtime(tiny_lm, f"{__name__}:plain_lm", streaming=False, kv_cache_memory_bytes=None)
+    try:
+        config = runtime._engine().vllm_config
+        hf = json.loads((tiny_lm / "config.json").read_text())
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        # float32 keys and values of every layer and KV head.
+        expected = 2 * hf["num_hidden_layers"] * hf["num_key_value_heads"] * head_dim * 4
+        assert kv_cache_bytes_per_token(config) == expected
+        assert config.cache_config.kv_cache_memory_bytes == cpu_kv_cache_bytes(expected, 64) == CPU_DEFAULT_KV_CACHE_BYTES
+    finally:
+        runtime.close()
+    # A released Qwen3-Omni thinker (48 layers, 4 KV heads of 128, bfloat16) at 4096 tokens: two
+    # full sequences (768 MiB) are more than the fixed 256 MiB.
+    assert cpu_kv_cache_bytes(2 * 48 * 4 * 128 * 2, 4096) == 768 << 20
+    assert cpu_kv_cache_bytes(None, 4096) == CPU_DEFAULT_KV_CACHE_BYTES
+
+
 def test_checkpoint_dtype_runs_the_weights_as_stored(tiny_lm: Path, tmp_path: Path) -> None:
     import json
 

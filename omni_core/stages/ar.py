@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+# The CPU default KV cache holds at least this many sequences of the model's full context length.
+CPU_KV_CACHE_FULL_SEQUENCES = 2
 
 # Input keys that already are a prompt; chat ``messages`` are rendered only without one of them.
 _PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds")
@@ -42,8 +44,10 @@ _positive = [attrs.validators.instance_of(int), attrs.validators.gt(0)]
 class AROptions:
     """Deploy options of an `ar` stage (vLLM engine settings).
 
-    `kv_cache_memory_bytes` None means 256 MiB on CPU (vLLM would otherwise reserve most of the
-    machine's memory) and `gpu_memory_utilization` on GPU. `engine_args` passes any other vLLM
+    `kv_cache_memory_bytes` None means, on CPU, 256 MiB or room for two sequences of the full
+    `max_model_len`, whichever is more (from the model's layers, KV heads, head size and dtype;
+    vLLM would otherwise reserve most of the machine's memory for each stage), and
+    `gpu_memory_utilization` on GPU. `engine_args` passes any other vLLM
     `EngineArgs` through and wins over everything else. `streamed_input_min_tokens`: a request of a
     streamed-input model part (re)enters vLLM once its input allows this many more tokens (or its
     input is final); fewer means lower latency but more resumptions (each re-prefills the request,
@@ -93,6 +97,13 @@ class _Request:
     session: bool = False  # runs as a vLLM streaming-input session (`ARModel.resumable`): kept there when held
     # Streamed input: the prefix-cache salt of every run of this request (see `_start`).
     cache_salt: str = attrs.field(factory=lambda: uuid.uuid4().hex)
+
+
+def cpu_kv_cache_bytes(per_token: int | None, max_model_len: int) -> int:
+    """The CPU default KV cache size: `CPU_DEFAULT_KV_CACHE_BYTES`, or room for
+    `CPU_KV_CACHE_FULL_SEQUENCES` sequences of `max_model_len` tokens of `per_token` bytes when
+    that is more (``None``: unknown, the fixed size)."""
+    return max(CPU_DEFAULT_KV_CACHE_BYTES, CPU_KV_CACHE_FULL_SEQUENCES * max_model_len * (per_token or 0))
 
 
 def _seeded_sampling(params: dict[str, Any]) -> bool:
@@ -160,16 +171,25 @@ class ARStageRuntime(StageRuntime):
         args = self.engine_args()
         if progress:
             progress(f"starting vLLM for stage {self.stage.name!r}", 0.2)
+        chosen: list[int] = []  # the CPU default's size, when it applies
+
+        def cpu_kv_cache(per_token: int | None, max_model_len: int) -> int:
+            chosen.append(cpu_kv_cache_bytes(per_token, max_model_len))
+            tokens = f"{chosen[-1] // per_token} tokens" if per_token else "size per token unknown"
+            logger.info("stage %s: KV cache %d MiB (%s; the option kv_cache_memory_bytes sets it)", self.stage.name, chosen[-1] >> 20, tokens)
+            return chosen[-1]
+
         try:
-            self.engine = vllm_bridge.create_engine(args)
+            self.engine = vllm_bridge.create_engine(args, cpu_kv_cache if "kv_cache_memory_bytes" not in args else None)
         except ValueError as exc:
             if "KV cache" not in str(exc) and "cache blocks" not in str(exc):
                 raise
             # vLLM names its own flags; say which of this stage's options set them.
             name = self.stage.name
+            kv_bytes = args.get("kv_cache_memory_bytes") or (chosen[-1] if chosen else None)
             memory = (
-                f"`{name}.kv_cache_memory_bytes` (now {args['kv_cache_memory_bytes']})"
-                if "kv_cache_memory_bytes" in args
+                f"`{name}.kv_cache_memory_bytes` (now {kv_bytes})"
+                if kv_bytes is not None
                 else f"`{name}.gpu_memory_utilization` (now {args['gpu_memory_utilization']})"
             )
             raise ConfigError(
@@ -197,11 +217,8 @@ class ARStageRuntime(StageRuntime):
         for key in ("max_model_len", "max_num_batched_tokens", "quantization"):
             if getattr(opts, key) is not None:
                 args[key] = getattr(opts, key)
-        kv_bytes = opts.kv_cache_memory_bytes
-        if kv_bytes is None and _on_cpu():
-            kv_bytes = CPU_DEFAULT_KV_CACHE_BYTES
-        if kv_bytes is not None:
-            args["kv_cache_memory_bytes"] = kv_bytes
+        if opts.kv_cache_memory_bytes is not None:  # (else the CPU default is sized in `load`)
+            args["kv_cache_memory_bytes"] = opts.kv_cache_memory_bytes
         model_args = self.model_part.engine_args(self.pipeline, self.stage)
         args.update(model_args)
         # Either side may need prompt embeddings (the model part for a Talker-like stage).
@@ -568,9 +585,3 @@ def _plain_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
     if not logprobs:
         return None
     return [{int(tid): float(lp.logprob) for tid, lp in position.items()} for position in logprobs]
-
-
-def _on_cpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())

@@ -93,8 +93,14 @@ def ensure_supported_version(version: str) -> None:
         )
 
 
-def create_engine(engine_args: dict[str, Any]) -> LLMEngine:
-    """Start an in-process, step-driven `LLMEngine` from `EngineArgs` keyword arguments."""
+def create_engine(engine_args: dict[str, Any], cpu_kv_cache: Callable[[int | None, int], int] | None = None) -> LLMEngine:
+    """Start an in-process, step-driven `LLMEngine` from `EngineArgs` keyword arguments.
+
+    `cpu_kv_cache`: on CPU, when nothing set the KV cache size (neither `kv_cache_memory_bytes` nor
+    vLLM's ``VLLM_CPU_KVCACHE_SPACE``), it is called with the bytes one token's keys and values
+    take in this model (`kv_cache_bytes_per_token`) and the model's context length, and returns
+    the size to use.
+    """
     check_vllm_version()
     # In-process engine core: `step()` runs schedule + forward + sample in this thread. Must be set
     # before vLLM reads its environment; an explicit "1" from the user would break step-driving.
@@ -111,9 +117,29 @@ def create_engine(engine_args: dict[str, Any]) -> LLMEngine:
             "options (they must be fields of vllm.EngineArgs)",
             key="engine_args",
         ) from exc
-    engine = LLMEngine.from_engine_args(args)
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.executor import Executor
+
+    # (What `LLMEngine.from_engine_args` does, with the KV cache sized in between.)
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    if cpu_kv_cache is not None and config.cache_config.kv_cache_memory_bytes is None and config.device_config.device_type == "cpu":
+        config.cache_config.kv_cache_memory_bytes = cpu_kv_cache(kv_cache_bytes_per_token(config), config.model_config.max_model_len)
+    engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config), log_stats=not args.disable_log_stats)
     _ENGINES_IN_PROCESS.add(engine)
     return engine
+
+
+def kv_cache_bytes_per_token(config: Any) -> int | None:
+    """Bytes of keys and values one token takes in the KV cache of the model of `config` (a
+    `VllmConfig`): layers x KV heads x head size x 2 x the cache dtype's size. ``None`` where that
+    formula does not hold (attention-free, hybrid and MLA models)."""
+    model = config.model_config
+    if model.is_attention_free or getattr(model, "is_hybrid", False) or getattr(model, "use_mla", False):
+        return None
+    parallel = config.parallel_config
+    cache_dtype = str(config.cache_config.cache_dtype)
+    itemsize = model.dtype.itemsize if cache_dtype == "auto" else (1 if cache_dtype.startswith("fp8") else 2)
+    return 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size() * itemsize
 
 
 def add_session_turn(engine: LLMEngine, request_id: str, prompt: dict[str, Any], sampling: SamplingParams, session: str | None = None) -> str:
