@@ -175,8 +175,9 @@ class ARStageRuntime(StageRuntime):
 
         def cpu_kv_cache(per_token: int | None, max_model_len: int) -> int:
             chosen.append(cpu_kv_cache_bytes(per_token, max_model_len))
-            tokens = f"{chosen[-1] // per_token} tokens" if per_token else "size per token unknown"
-            logger.info("stage %s: KV cache %d MiB (%s; the option kv_cache_memory_bytes sets it)", self.stage.name, chosen[-1] >> 20, tokens)
+            if progress:
+                tokens = f"{chosen[-1] // per_token} tokens" if per_token else "size per token unknown"
+                progress(f"KV cache of {chosen[-1] >> 20} MiB ({tokens}; option kv_cache_memory_bytes)", 0.3)
             return chosen[-1]
 
         try:
