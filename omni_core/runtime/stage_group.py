@@ -75,6 +75,7 @@ class StageGroup:
 
     def _on_message(self, index: int, message: Any) -> None:
         if isinstance(message, m.Ready):
+            self.load_errors.pop(index, None)  # (a restarted replica's earlier failure is over)
             if not self.ready[index].done():
                 self.ready[index].set_result(None)
             logger.info("stage %s replica %d ready (pid %d)", self.name, index, message.pid)
