@@ -37,7 +37,9 @@ def register_stage_runtimes(register: Callable[[str, str], None]) -> None:
     """Register stage runtime kinds: ``register("ar", "pkg.mod:ARStageRuntime")``.
 
     The class subclasses `omni_core.stages.base.StageRuntime`; its `Options` attrs class types the
-    kind's deploy options.
+    kind's deploy options, each documented with ``attrs.field(..., metadata={"doc": "..."})``
+    (``omni stages`` prints them). The kind's model parts subclass a base class of its own, built
+    by `StageRuntime.build_model_part` as every part is (`omni_core.parts`).
     """
 
 
@@ -84,4 +86,17 @@ def register_commands(cli: click.Group) -> None:
 
 @hookspec
 def register_routes(register: Callable[[str], None]) -> None:
-    """Register extra server routes: ``register("pkg.mod:handler_or_controller")`` (Litestar)."""
+    """Register extra server routes: ``register("pkg.mod:handler_or_controller")`` (Litestar).
+
+    A handler declares what it needs by parameter name (Litestar dependency injection):
+    ``engine: omni_core.engine.async_engine.AsyncOmniEngine`` (``await engine.generate(request)``,
+    ``engine.pipeline``) and ``server: omni_core.server.state.ServerState`` (the served model name,
+    metrics, video jobs), e.g.::
+
+        @litestar.get("/v1/my-family/info")
+        async def info(engine: AsyncOmniEngine) -> dict[str, str]:
+            return {"family": engine.pipeline.family}
+
+    Errors raised as `omni_core.errors.InvalidRequestError` become OpenAI-style 400 bodies, as in
+    the core's routes; a route under ``/v1`` needs the API key when the server has one.
+    """

@@ -47,12 +47,25 @@ BUILTINS_NAME = "omni-core"
 ALLOWLIST_ENV = "OMNI_PLUGINS"
 TRACE_ENV = "OMNI_TRACE_HOOKS"
 
+
+@attrs.frozen
+class _Registry:
+    """A registry that a registration hook fills, and how its names are reported."""
+
+    kind: str  # singular, in messages and `PluginHost.owner`: "stage runtime"
+    heading: str  # plural, what ``omni plugins`` lists a plugin's names under: "stage kinds"
+
+
+_FAMILIES = _Registry("family", "families")
 # Registration hooks that take ``register(name, "module:attr")``, and the registry each one fills.
+# A new registry of this shape is one line here: loading, conflicts and ``omni plugins`` follow.
 _NAMED_REGISTRIES = {
-    "register_stage_runtimes": "stage runtime",
-    "register_connectors": "connector",
-    "register_quantization_resolvers": "quantization resolver",
+    "register_stage_runtimes": _Registry("stage runtime", "stage kinds"),
+    "register_connectors": _Registry("connector", "connectors"),
+    "register_quantization_resolvers": _Registry("quantization resolver", "quantization resolvers"),
 }
+_ROUTES = _Registry("route", "routes")
+_COMMANDS_HEADING = "commands"
 
 
 @attrs.frozen
@@ -84,9 +97,18 @@ class _Builder:
         self.conflicting_values: dict[tuple[str, str], list[Any]] = {}
         self.routes: list[str] = []
         self.route_owners: dict[str, str] = {}
+        # Every name each plugin registered, conflicting ones included: {plugin: {kind: [name]}}.
+        self.registered: dict[str, dict[str, list[str]]] = {}
+
+    def note_registered(self, kind: str, name: str, plugin: str) -> None:
+        """Remember that ``plugin`` registered ``name`` of ``kind`` (for ``omni plugins``)."""
+        names = self.registered.setdefault(plugin, {}).setdefault(kind, [])
+        if name not in names:
+            names.append(name)
 
     def add(self, kind: str, name: str, value: Any, plugin: str) -> list[tuple[str, str]]:
         """Record ``value``; return ``(plugin, problem)`` pairs if another plugin has the name."""
+        self.note_registered(kind, name, plugin)
         key = (kind, name)
         if key in self.conflicts:
             others = self.conflicts[key]
@@ -123,20 +145,21 @@ class PluginHost:
         self.pm = pm
         self._loaded = tuple(loaded)
         self.failures: Mapping[str, str] = types.MappingProxyType(dict(failures))
-        entries = builder.entries
-        self.families: Mapping[str, PipelineFamily] = types.MappingProxyType(
-            dict(entries.get("family", {}))
+        self._registries: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
+            {
+                registry.kind: types.MappingProxyType(dict(builder.entries.get(registry.kind, {})))
+                for registry in (_FAMILIES, *_NAMED_REGISTRIES.values())
+            }
         )
-        self.stage_runtimes: Mapping[str, str] = types.MappingProxyType(
-            dict(entries.get("stage runtime", {}))
-        )
-        self.connectors: Mapping[str, str] = types.MappingProxyType(
-            dict(entries.get("connector", {}))
-        )
-        self.quantization_resolvers: Mapping[str, str] = types.MappingProxyType(
-            dict(entries.get("quantization resolver", {}))
-        )
+        self.families: Mapping[str, PipelineFamily] = self.registry("family")
+        self.stage_runtimes: Mapping[str, str] = self.registry("stage runtime")
+        self.connectors: Mapping[str, str] = self.registry("connector")
+        self.quantization_resolvers: Mapping[str, str] = self.registry("quantization resolver")
         self.routes: tuple[str, ...] = tuple(builder.routes)
+        self._registered = {
+            plugin: {kind: tuple(names) for kind, names in kinds.items()}
+            for plugin, kinds in builder.registered.items()
+        }
         self._owners = dict(builder.owners)
         self._conflicts = dict(builder.conflicts)
         # Families registered twice still match checkpoints, so that the user learns of the clash.
@@ -149,6 +172,15 @@ class PluginHost:
 
     # -- lookups ----------------------------------------------------------------------------------
 
+    def registry(self, kind: str) -> Mapping[str, Any]:
+        """The read-only registry of ``kind`` (``"family"``, ``"stage runtime"``, ...): name -> value.
+
+        Names registered by several plugins are left out (see the lookup methods).
+        """
+        if kind not in self._registries:
+            raise UnknownNameError(f"unknown registry {kind!r}; registries: {', '.join(self._registries)}")
+        return self._registries[kind]
+
     def owner(self, kind: str, name: str) -> str | None:
         """The plugin that registered ``name`` of ``kind`` (``"family"``, ``"connector"``, ...)."""
         return self._owners.get((kind, name))
@@ -159,7 +191,7 @@ class PluginHost:
 
     def stage_runtime(self, kind: str) -> str:
         """The lazy reference of the stage runtime class for ``kind`` (``"ar"``, ...)."""
-        return self._lookup("stage runtime", kind, self.stage_runtimes, "stage runtime", "omni plugins")
+        return self._lookup("stage runtime", kind, self.stage_runtimes, "stage runtime", "omni stages")
 
     def connector(self, name: str) -> str:
         """The lazy reference of the connector class ``name``."""
@@ -279,22 +311,63 @@ class PluginHost:
     # -- reporting --------------------------------------------------------------------------------
 
     def describe(self) -> list[dict[str, Any]]:
-        """One entry per plugin: ``name``, ``version``, ``hooks`` (sorted) and ``error`` (or None)."""
+        """One entry per plugin: ``name``, ``version``, ``hooks`` (sorted), ``registered`` and ``error``.
+
+        ``registered`` maps a heading (``"families"``, ``"stage kinds"``, ``"connectors"``,
+        ``"quantization resolvers"``, ``"routes"``, ``"commands"``) to the sorted names the plugin
+        registered under it; headings it registered nothing under are left out. Names another
+        plugin also registered are listed for both (``error`` tells of the conflict); a hook that
+        raised registered nothing. ``error`` is None for a plugin that loaded cleanly.
+        """
+        commands = self.command_names()
         rows = []
         for loaded in self._loaded:
             hooks: list[str] = []
             if loaded.plugin is not None:
                 callers = self.pm.get_hookcallers(loaded.plugin) or []
                 hooks = sorted(caller.name for caller in callers)
+            registered = self.registered_by(loaded.name)
+            if loaded.name in commands:
+                registered[_COMMANDS_HEADING] = commands[loaded.name]
             rows.append(
                 {
                     "name": loaded.name,
                     "version": loaded.version,
                     "hooks": hooks,
+                    "registered": registered,
                     "error": self.failures.get(loaded.name),
                 }
             )
         return rows
+
+    def registered_by(self, plugin: str) -> dict[str, list[str]]:
+        """The names ``plugin`` registered through the registration hooks, by heading (`describe`).
+
+        Commands are not included: they are added to a click group later (see `command_names`).
+        """
+        own = self._registered.get(plugin, {})
+        registries = (_FAMILIES, *_NAMED_REGISTRIES.values(), _ROUTES)
+        return {r.heading: sorted(own[r.kind]) for r in registries if own.get(r.kind)}
+
+    def command_names(self) -> dict[str, list[str]]:
+        """The command names each plugin adds through ``register_commands``: ``{plugin: sorted names}``.
+
+        Each plugin's hook runs on a scratch group of its own, so the names are attributed to it
+        (the CLI's group mixes every plugin's). A plugin whose hook raises is left out here:
+        `register_commands` reports it where the CLI is built.
+        """
+        import click  # only reporting needs it; loading plugins (the server, tests) does not
+
+        names: dict[str, list[str]] = {}
+        for impl in self.pm.hook.register_commands.get_hookimpls():
+            group = click.Group()
+            try:
+                self._call_one("register_commands", impl.plugin, cli=group)
+            except Exception:  # noqa: BLE001 - reported by register_commands, not here
+                continue
+            if group.commands:
+                names[impl.plugin_name] = sorted(group.commands)
+        return names
 
     # -- hooks called later -----------------------------------------------------------------------
 
@@ -466,10 +539,11 @@ def _run_registration_hooks(pm: pluggy.PluginManager, failures: dict[str, str]) 
 
     for plugin_name, items in run("register_pipelines", family_register):
         for name, family in items:
-            for culprit, problem in builder.add("family", name, family, plugin_name):
+            for culprit, problem in builder.add(_FAMILIES.kind, name, family, plugin_name):
                 note(culprit, problem)
 
-    for hook_name, kind in _NAMED_REGISTRIES.items():
+    for hook_name, registry in _NAMED_REGISTRIES.items():
+        kind = registry.kind
 
         def named_register(collected: list[tuple[Any, ...]], kind: str = kind) -> Callable[..., None]:
             def register(name: str, ref: str) -> None:
@@ -492,6 +566,7 @@ def _run_registration_hooks(pm: pluggy.PluginManager, failures: dict[str, str]) 
 
     for plugin_name, items in run("register_routes", route_register):
         for (ref,) in items:
+            builder.note_registered(_ROUTES.kind, ref, plugin_name)
             if ref not in builder.route_owners:
                 builder.route_owners[ref] = plugin_name
                 builder.routes.append(ref)

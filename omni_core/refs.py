@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import inspect
+from typing import Any, Callable
 
 from omni_core.errors import PluginError
 
@@ -21,3 +22,11 @@ def load_ref(ref: str) -> Any:
         except AttributeError:
             raise PluginError(f"invalid reference {ref!r}: {module_name} has no {attr_path}") from None
     return obj
+
+
+def accepted_keywords(factory: Callable[..., Any]) -> list[str] | None:
+    """The keyword arguments ``factory(**options)`` takes; None when it takes any (``**kwargs``)."""
+    parameters = inspect.signature(factory).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]

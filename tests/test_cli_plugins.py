@@ -103,6 +103,20 @@ def test_plugins_prints_describe_as_json(host: PluginHost) -> None:
     assert rows[1]["error"] == "ImportError: No module named 'missing_dep'"
 
 
+def test_plugins_lists_the_names_each_plugin_registered(host: PluginHost) -> None:
+    rows = {row["name"]: row for row in json.loads(invoke(host, "plugins").stdout)}
+    assert rows["omni-core"]["registered"] == {
+        "stage kinds": ["ar", "diffusion", "generation"],
+        "connectors": ["inproc", "shm"],
+        "quantization resolvers": ["fp8", "int8"],
+    }
+    assert rows["Families"]["registered"] == {"families": ["cosmos3", "qwen3-omni"]}
+    # `plugins` is what the plugin registered, though the CLI ignores it (with a warning).
+    assert rows["Commands"]["registered"] == {"commands": ["crash", "explode", "greet", "plugins"]}
+    assert rows["BrokenCommands"]["registered"] == {}
+    assert rows["omni-broken"]["registered"] == {}
+
+
 def test_pipelines_table(host: PluginHost) -> None:
     result = invoke(host, "pipelines")
     assert result.exit_code == 0, result.output
@@ -193,6 +207,127 @@ def test_other_exceptions_are_not_disguised(host: PluginHost) -> None:
     assert "Error: a bug" not in result.stderr
 
 
+# -- omni stages ---------------------------------------------------------------------------------
+
+
+class StageKinds:
+    @hookimpl
+    def register_stage_runtimes(register: Any) -> None:
+        register("vocoder", "omni_core.stages.generation:GenerationStageRuntime")
+        register("world", "omni_missing_world.runtime:WorldStageRuntime")
+
+
+@pytest.fixture
+def kinds_host(monkeypatch: pytest.MonkeyPatch) -> PluginHost:
+    monkeypatch.delenv("OMNI_DEBUG", raising=False)
+    return load_plugins(allowlist=[], entry_points=[], extra_plugins=[StageKinds])
+
+
+def headings(text: str) -> list[str]:
+    return [line.split("  (")[0] for line in text.splitlines() if line and not line.startswith(" ")]
+
+
+def test_stages_lists_every_kind_then_every_stage(host: PluginHost) -> None:
+    result = invoke(host, "stages")
+    assert result.exit_code == 0, result.output
+    assert headings(result.stdout) == ["ar", "diffusion", "generation", "every stage"]
+    assert "ar  (omni_core.stages.ar:ARStageRuntime, plugin omni-core)" in result.stdout
+    assert "\n  max_num_seqs: int = 32\n      Most requests in one engine step" in result.stdout
+    assert "\n  placement: 'inline' | 'process' = 'process'\n" in result.stdout
+    assert "(undocumented)" not in result.stdout
+
+
+def test_stages_of_one_kind(host: PluginHost) -> None:
+    result = invoke(host, "stages", "diffusion")
+    assert result.exit_code == 0, result.output
+    assert headings(result.stdout) == ["diffusion", "every stage"]
+    for line in (
+        "  dtype: 'float32' | 'bfloat16' | 'float16' | 'checkpoint' = 'float32'",
+        "  vae_tile: int | None = None",
+        "  cache_threshold: float = 0.1",
+        "  devices: tuple[str, ...] = ()",
+        "  cpu_threads: int | None = None",
+    ):
+        assert line in result.stdout.splitlines()
+
+
+def test_stages_json(host: PluginHost) -> None:
+    result = invoke(host, "stages", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert list(document["kinds"]) == ["ar", "diffusion", "generation"]
+    diffusion = document["kinds"]["diffusion"]
+    assert diffusion["source"] == "omni_core.stages.diffusion:DiffusionStageRuntime"
+    assert diffusion["plugin"] == "omni-core" and diffusion["error"] is None
+    vae_tile = next(option for option in diffusion["options"] if option["name"] == "vae_tile")
+    assert vae_tile == {
+        "name": "vae_tile",
+        "type": "int | None",
+        "required": False,
+        "default": None,
+        "doc": "The tile size in pixels with `vae_tiling` (``None``: the VAE's default).",
+    }
+    every_stage = document["every stage"]["options"]
+    assert [option["name"] for option in every_stage][:3] == ["placement", "replicas", "devices"]
+    assert {"name": "devices", "type": "tuple[str, ...]", "required": False, "default": []}.items() <= every_stage[2].items()
+    assert all(option["doc"] for kind in document["kinds"].values() for option in kind["options"])
+
+
+def test_stages_markdown_is_the_docs_generator(host: PluginHost) -> None:
+    result = invoke(host, "stages", "--markdown")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# Stage options\n")
+    assert "| `max_num_seqs` | `int` | `32` | Most requests in one engine step" in result.stdout
+    assert "| `placement` | `'inline' \\| 'process'` | `'process'` |" in result.stdout
+
+
+def test_stages_json_and_markdown_exclude_each_other(host: PluginHost) -> None:
+    result = invoke(host, "stages", "--json", "--markdown")
+    assert result.exit_code == 2
+    assert "choose one of --json and --markdown" in result.stderr
+
+
+def test_stages_unknown_kind_lists_the_installed_ones(host: PluginHost) -> None:
+    result = invoke(host, "stages", "world")
+    assert result.exit_code == 1
+    assert "Error: unknown stage runtime 'world'; installed: ar, diffusion, generation (see `omni stages`)" in result.stderr
+
+
+def test_stages_lists_a_plugins_kinds_and_reports_one_that_cannot_import(kinds_host: PluginHost) -> None:
+    result = CliRunner().invoke(cli, ["stages"], obj=kinds_host)
+    assert result.exit_code == 0, result.output
+    assert headings(result.stdout) == ["ar", "diffusion", "generation", "vocoder", "world", "every stage"]
+    assert "vocoder  (omni_core.stages.generation:GenerationStageRuntime, plugin StageKinds)" in result.stdout
+    world = result.stdout.split("\nworld  (")[1].split("\n\n")[0]
+    assert world.startswith("omni_missing_world.runtime:WorldStageRuntime, plugin StageKinds)")
+    assert "cannot list its options: cannot import omni_missing_world.runtime:WorldStageRuntime:" in world
+    assert "ModuleNotFoundError" in world
+    single = CliRunner().invoke(cli, ["stages", "vocoder"], obj=kinds_host)
+    assert headings(single.stdout) == ["vocoder", "every stage"]
+    assert "  max_batch_size: int = 16" in single.stdout.splitlines()
+
+
+def refuse_bench(directory: Path, size: str) -> None:
+    """A family's make_tiny that has only the tiny size (the documented ValueError)."""
+    (directory / "config.json").write_text("{}")
+    if size != "tiny":
+        raise ValueError(f"only size 'tiny', not {size!r}")
+
+
+def test_make_tiny_refusing_a_size_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    class OneSize:
+        @hookimpl
+        def register_pipelines(register: Any) -> None:
+            register(PipelineFamily(name="one-size", pipeline="x:y", architectures=("X",), make_tiny=f"{__name__}:refuse_bench"))
+
+    host = load_plugins(allowlist=[], entry_points=[], extra_plugins=[OneSize])
+    result = invoke(host, "make-tiny", "one-size", str(tmp_path / "ckpt"), "--size", "bench")
+    assert result.exit_code == 1
+    assert "Error: --size: family 'one-size' cannot write a 'bench' checkpoint: only size 'tiny'" in result.stderr
+    assert not (tmp_path / "ckpt").exists()
+    assert invoke(host, "make-tiny", "one-size", str(tmp_path / "ckpt")).exit_code == 0
+
+
 def test_version(host: PluginHost) -> None:
     result = invoke(host, "--version")
     assert result.stdout.strip() == f"omni, version {omni_core.__version__}"
@@ -228,6 +363,20 @@ def test_importing_the_cli_imports_nothing_heavy() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_listing_stage_options_imports_nothing_heavy() -> None:
+    # `omni stages` imports every registered runtime class: their modules must import torch lazily.
+    code = (
+        "import sys\n"
+        "from omni_cli.main import cli\n"
+        "cli.main(['stages', '--json'], standalone_mode=False)\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert '"omni_core.stages.ar:ARStageRuntime"' in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_listing_installed_plugins_imports_nothing_heavy() -> None:

@@ -120,6 +120,28 @@ def toy_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
 TINY_CALLS: list[Path] = []
 
 
+class InProc:
+    """Stands in for a connector class: `resolve` checks options against its constructor."""
+
+    def __init__(self, slots: int = 1) -> None:
+        self.slots = slots
+
+
+class Shm:
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+
+def toy_fp8(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A plugin's quantization resolver: what each kind's runtime applies."""
+    return {"quantization": "fp8"} if kind == "ar" else {"method": "fp8", "kind": kind}
+
+
+def toy_w4(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A resolver for diffusion stages only."""
+    raise ConfigError(f"w4 does not support {kind!r} stages")
+
+
 def make_toy_tiny(directory: Path, size: str) -> None:
     TINY_CALLS.append(directory)
     time.sleep(0.2)  # long enough for a concurrent first use to overlap
@@ -159,8 +181,8 @@ def host() -> StandInHost:
             )
         },
         stage_runtimes={"ar": f"{HERE}:ToyARRuntime", "generation": f"{HERE}:ToyDecodeRuntime"},
-        connectors={"inproc": "toy.connectors:InProc", "shm": "toy.connectors:Shm"},
-        quantization_resolvers={"fp8": "toy.quant:fp8"},
+        connectors={"inproc": f"{HERE}:InProc", "shm": f"{HERE}:Shm"},
+        quantization_resolvers={"fp8": f"{HERE}:toy_fp8", "w4": f"{HERE}:toy_w4"},
     )
 
 
@@ -220,7 +242,7 @@ def test_resolve_merges_family_default_user_file_and_overrides(host, checkpoint,
     assert (edge.key, edge.connector, edge.connector_ref) == (
         "thinker->talker",
         "inproc",
-        "toy.connectors:InProc",
+        f"{HERE}:InProc",
     )
     assert edge.connector_options == {"slots": 4}
     assert edge.adapter == f"{HERE}:ToyARRuntime"
@@ -289,7 +311,12 @@ def test_json_round_trip(host, checkpoint):
 def test_quantization_names_a_registered_resolver(host, checkpoint):
     resolved = resolve(str(checkpoint), overrides=["thinker.quantization=fp8"], plugins=host)
     assert resolved.stage("thinker").options["quantization"] == "fp8"
-    assert resolved.stage("thinker").quantization_ref == "toy.quant:fp8"  # workers need not load plugins
+    # The resolver ran at resolve time: workers get plain data and import no resolver.
+    assert resolved.stage("thinker").quantization == {"quantization": "fp8"}
+    assert resolved.stage("talker").quantization is None
+    with pytest.raises(ConfigError, match="w4 does not support 'ar' stages") as refused:
+        resolve(str(checkpoint), overrides=["thinker.quantization=w4"], plugins=host)
+    assert refused.value.key == "stages.thinker.options.quantization"
     with pytest.raises(ConfigError) as info:
         resolve(str(checkpoint), overrides=["thinker.quantization=int3"], plugins=host)
     assert info.value.key == "stages.thinker.options.quantization"
@@ -325,6 +352,7 @@ def reject(host: StandInHost, checkpoint: Path, key: str, *overrides: str, deplo
         ("vocoder.max_num_seqs=3", "stages.vocoder.options.max_num_seqs", "chunk_size"),
         ("streaming=maybe", "streaming", "true or false"),
         ("edge.thinker->talker.connector=carrier-pigeon", "edges.thinker->talker.connector", "inproc, shm"),
+        ("edge.thinker->talker.slotz=4", "edges.thinker->talker.options.slotz", "did you mean 'slots'"),
         ("edge.thinker->nobody.connector=shm", "edges.thinker->nobody", "unknown stage 'nobody'"),
         ("edge.thinker->vocoder.connector=shm", "edges.thinker->vocoder", "thinker->talker"),
         ("output_connector.connector=smoke", "output_connector.connector", "unknown connector"),
@@ -358,6 +386,14 @@ def test_override_rejections_name_the_key(host, checkpoint, override, key, hint)
 )
 def test_malformed_overrides(host, checkpoint, text, key):
     reject(host, checkpoint, key, text)
+
+
+@pytest.mark.parametrize("text", ["edge.thinker-", "edge.thinker.connector=shm"])
+def test_an_unquoted_edge_override_says_to_quote_it(host, checkpoint, text):
+    # Unquoted, `--set edge.thinker->talker.connector=shm` reaches us as `edge.thinker-` (the shell
+    # redirected the rest into a file).
+    error = reject(host, checkpoint, text.partition("=")[0], text)
+    assert "--set 'edge.SRC->DST.connector=NAME'" in str(error)
 
 
 @pytest.mark.parametrize(

@@ -25,13 +25,13 @@ class TestInProcessContract(ConnectorContract):
     connector_ref = "omni_core.connectors.inproc:InProcessConnector"
     bounded_options = {"max_items": 4}
     shared_instance = True
+    cross_process = False  # both ends live in one process
 
 
 class TestSharedMemoryContract(ConnectorContract):
     connector_ref = "omni_core.connectors.shm:SharedMemoryConnector"
     options = {"capacity_bytes": 80 * MIB}
     bounded_options = {"capacity_bytes": 4 * MIB}
-    cross_process = True
 
 
 # -- inproc ---------------------------------------------------------------------------------------
@@ -182,3 +182,15 @@ def test_create_connector_builds_from_ref_and_rejects_unknown_options() -> None:
         create_connector(SharedMemoryConnector, {"capacity": 1})
     with pytest.raises(ConfigError, match="not a Connector"):
         create_connector("omni_core.errors:ConnectorError")
+
+
+class _NeedsADirectory(SharedMemoryConnector):
+    def __init__(self, root: str) -> None:
+        raise FileNotFoundError(root)
+
+
+def test_a_failing_connector_constructor_names_the_edge() -> None:
+    with pytest.raises(ConfigError) as info:
+        create_connector(_NeedsADirectory, {"root": "/proc/nope"}, where="edges.lm->tone")
+    assert info.value.key == "edges.lm->tone"
+    assert "_NeedsADirectory({'root': '/proc/nope'}) failed: FileNotFoundError: /proc/nope" in str(info.value)

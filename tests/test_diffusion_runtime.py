@@ -17,6 +17,7 @@ import torch
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.outputs import StageInput
+from omni_core.parts import PartContext
 from omni_core.quantization import _fp8_supported, quantize_linears, resolve_fp8, resolve_int8
 from omni_core.stages.diffusion import DiffusionStageRuntime
 from omni_core.stages.diffusion_cache import CacheConfig, resolve_cache
@@ -28,7 +29,8 @@ class CountingModel(DiffusionModel):
 
     max_steps = 50
 
-    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> None:
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
         self.calls: list[tuple[Any, list[int]]] = []
         self.started: list[str] = []
 
@@ -64,7 +66,7 @@ def make_runtime(streaming: bool = True, **options: Any) -> DiffusionStageRuntim
     runtime = DiffusionStageRuntime(pipeline, stage)
     # This test module is not importable by reference (pytest's importlib mode): attach the part
     # as `load()` would after building it. `load()` itself runs in the Cosmos3 plugin's tests.
-    runtime.model = CountingModel(pipeline, stage)
+    runtime.model = CountingModel(PartContext(pipeline, stage))
     return runtime
 
 

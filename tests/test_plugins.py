@@ -13,7 +13,7 @@ import pytest
 from omni_core import __version__, hookimpl, hookspecs
 from omni_core.errors import PluginError, UnknownModelError, UnknownNameError
 from omni_core.families import PipelineFamily
-from omni_core.plugins import BUILTINS_NAME, PluginHost, default_plugins, load_plugins
+from omni_core.plugins import _NAMED_REGISTRIES, BUILTINS_NAME, PluginHost, default_plugins, load_plugins
 
 
 @attrs.define
@@ -88,6 +88,11 @@ def test_builtins_always_loaded_first_and_register_core_parts() -> None:
         "name": BUILTINS_NAME,
         "version": __version__,
         "hooks": ["register_connectors", "register_quantization_resolvers", "register_stage_runtimes"],
+        "registered": {
+            "stage kinds": ["ar", "diffusion", "generation"],
+            "connectors": ["inproc", "shm"],
+            "quantization resolvers": ["fp8", "int8"],
+        },
         "error": None,
     }
     assert host.stage_runtime("ar") == "omni_core.stages.ar:ARStageRuntime"
@@ -111,9 +116,16 @@ def test_plugin_that_fails_to_import_is_reported_and_others_load() -> None:
         "name": "omni-broken",
         "version": "0.3",
         "hooks": [],
+        "registered": {},
         "error": "ImportError: No module named 'flash_attn'",
     }
-    assert rows["omni-qwen3"] == {"name": "omni-qwen3", "version": "2.0", "hooks": ["register_pipelines"], "error": None}
+    assert rows["omni-qwen3"] == {
+        "name": "omni-qwen3",
+        "version": "2.0",
+        "hooks": ["register_pipelines"],
+        "registered": {"families": ["qwen3-omni"]},
+        "error": None,
+    }
 
 
 def test_plugin_with_misspelled_hook_is_unregistered_and_reported() -> None:
@@ -447,11 +459,109 @@ def test_describe_lists_every_plugin_in_load_order() -> None:
             "name": BUILTINS_NAME,
             "version": __version__,
             "hooks": ["register_connectors", "register_quantization_resolvers", "register_stage_runtimes"],
+            "registered": {
+                "stage kinds": ["ar", "diffusion", "generation"],
+                "connectors": ["inproc", "shm"],
+                "quantization resolvers": ["fp8", "int8"],
+            },
             "error": None,
         },
-        {"name": "omni-qwen3", "version": None, "hooks": ["register_pipelines"], "error": None},
-        {"name": "Everything", "version": None, "hooks": ["register_connectors", "register_routes"], "error": None},
+        {
+            "name": "omni-qwen3",
+            "version": None,
+            "hooks": ["register_pipelines"],
+            "registered": {"families": ["qwen3-omni"]},
+            "error": None,
+        },
+        {
+            "name": "Everything",
+            "version": None,
+            "hooks": ["register_connectors", "register_routes"],
+            "registered": {"connectors": ["x"], "routes": ["pkg.routes:r"]},
+            "error": None,
+        },
     ]
+
+
+def test_describe_lists_every_name_a_plugin_registered() -> None:
+    class Everything:
+
+        @hookimpl
+        def register_pipelines(register: Callable[[PipelineFamily], None]) -> None:
+            register(COSMOS)
+            register(QWEN)
+
+        @hookimpl
+        def register_stage_runtimes(register: Callable[[str, str], None]) -> None:
+            register("world", "omni_everything.world:WorldStageRuntime")
+
+        @hookimpl
+        def register_connectors(register: Callable[[str, str], None]) -> None:
+            register("rdma", "omni_everything.rdma:RdmaConnector")
+            register("shm", "omni_everything.shm:OtherShm")  # a conflict: listed, and an error
+
+        @hookimpl
+        def register_quantization_resolvers(register: Callable[[str, str], None]) -> None:
+            register("awq", "omni_everything.quant:resolve_awq")
+
+        @hookimpl
+        def register_routes(register: Callable[[str], None]) -> None:
+            register("omni_everything.routes:health")
+
+        @hookimpl
+        def register_commands(cli: click.Group) -> None:
+            @cli.command()
+            def world() -> None:
+                """Simulate a world."""
+
+    class HalfBroken:
+
+        @hookimpl
+        def register_connectors(register: Callable[[str, str], None]) -> None:
+            register("lost", "omni_half:LostConnector")
+            raise RuntimeError("boom")
+
+        @hookimpl
+        def register_commands(cli: click.Group) -> None:
+            raise RuntimeError("no commands either")
+
+    host = host_with(Everything, HalfBroken)
+    rows = {row["name"]: row for row in host.describe()}
+    assert rows["Everything"]["registered"] == {
+        "families": ["cosmos3", "qwen3-omni"],
+        "stage kinds": ["world"],
+        "connectors": ["rdma", "shm"],
+        "quantization resolvers": ["awq"],
+        "routes": ["omni_everything.routes:health"],
+        "commands": ["world"],
+    }
+    assert "'shm'" in rows["Everything"]["error"]
+    assert rows[BUILTINS_NAME]["registered"]["connectors"] == ["inproc", "shm"]
+    # A hook that raised registered nothing, and a failing register_commands lists no commands.
+    assert rows["HalfBroken"]["registered"] == {}
+    assert "boom" in rows["HalfBroken"]["error"]
+
+
+@pytest.mark.parametrize("hook_name", sorted(_NAMED_REGISTRIES))
+def test_every_named_registry_is_filled_and_reported(hook_name: str) -> None:
+    registry = _NAMED_REGISTRIES[hook_name]
+
+    def register_one(register: Callable[[str, str], None]) -> None:
+        register("throwaway", "omni_throwaway.mod:Thing")
+
+    # A plugin whose one hook is `hook_name`: a new registry needs no new test.
+    host = host_with(type("Plugin", (), {hook_name: hookimpl(register_one)}))
+    assert host.registry(registry.kind)["throwaway"] == "omni_throwaway.mod:Thing"
+    assert host.owner(registry.kind, "throwaway") == "Plugin"
+    assert host.registered_by("Plugin") == {registry.heading: ["throwaway"]}
+
+
+def test_registry_by_kind_and_unknown_kind() -> None:
+    host = host_with(families_plugin("q", QWEN))
+    assert host.registry("family") is host.families
+    assert host.registry("connector") is host.connectors
+    with pytest.raises(UnknownNameError, match="unknown registry 'placement'; registries: family, stage runtime"):
+        host.registry("placement")
 
 
 def test_hook_register_commands_isolates_broken_plugins() -> None:

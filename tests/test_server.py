@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import attrs

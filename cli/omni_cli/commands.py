@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -110,9 +111,15 @@ def make_tiny(ctx: click.Context, family: str, directory: Path, size: str) -> No
         raise ConfigError(f"family {family!r} cannot write tiny checkpoints")
     if directory.exists() and any(directory.iterdir()):
         raise ConfigError(f"{directory} exists and is not empty")
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     click.echo(f"Writing a {size} {family} checkpoint to {directory} ...", err=True)
-    load_ref(fam.make_tiny)(directory, size)
+    try:
+        load_ref(fam.make_tiny)(directory, size)
+    except ValueError as exc:  # the family's way to refuse a size it does not have (docs/plugins.md)
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise ConfigError(f"family {family!r} cannot write a {size!r} checkpoint: {exc}", key="--size") from exc
     click.echo(str(directory))
 
 

@@ -79,8 +79,38 @@ def cli() -> None:
 @cli.command(name="plugins")
 @click.pass_context
 def plugins_command(ctx: click.Context) -> None:
-    """List installed plugins, the hooks they implement and load errors (JSON)."""
+    """List installed plugins, their hooks, the names they registered and load errors (JSON)."""
     click.echo(json.dumps(plugin_host(ctx).describe(), indent=2))
+
+
+@cli.command(name="stages")
+@click.argument("kind", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option("--markdown", is_flag=True, help="Print Markdown (docs/stage-options.md is the built-ins' output).")
+@click.pass_context
+def stages_command(ctx: click.Context, kind: str | None, as_json: bool, markdown: bool) -> None:
+    """List the options of each stage kind (or of KIND): type, default and what each does.
+
+    The settings every stage has (placement, replicas, ...) follow the kinds. The built-ins'
+    Markdown is docs/stage-options.md; regenerate it with:
+
+    \b
+      OMNI_PLUGINS= omni stages --markdown > docs/stage-options.md
+    """
+    if as_json and markdown:
+        raise click.UsageError("choose one of --json and --markdown")
+    # Imported here: only this command imports the runtime classes (the stage_options helpers do).
+    from omni_core import stage_options
+
+    host = plugin_host(ctx)
+    kinds = stage_options.kind_sections(host, None if kind is None else [kind])
+    every_stage = stage_options.every_stage_section()
+    if as_json:
+        click.echo(stage_options.render_json(kinds, every_stage))
+    elif markdown:
+        click.echo(stage_options.render_markdown(kinds, every_stage), nl=False)
+    else:
+        click.echo(stage_options.render_text(kinds, every_stage), nl=False)
 
 
 @cli.command(name="pipelines")

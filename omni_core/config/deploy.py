@@ -19,25 +19,65 @@ LoadBalancer = Literal["least_loaded", "round_robin"]
 class StageDeploy:
     """Deployment of one stage: where it runs, how many replicas, and its runtime options.
 
-    `cpu_threads`: intra-op CPU threads of each replica's process (``OMP_NUM_THREADS``, set before
-    torch loads). ``None`` keeps the libraries' default of one thread per core,
-    which oversubscribes the cores when several stage processes share them. `nice`: how much the
-    replica's process yields the CPU to the others (Unix niceness added to the engine's, 0-19), e.g.
-    an upstream stage yielding to the stages nearer the output on a machine with few cores.
-    `keep_freed_memory`: the replica's process keeps freed heap memory for reuse instead of handing
-    it back to the OS (glibc ``mallopt``), so tensors of a few MiB do not page-fault afresh at every
-    allocation (measured 2-7x faster CPU elementwise ops); its resident memory stays at its peak.
-    All three apply to ``process`` placement; ``inline`` stages share the engine process.
+    Each field's ``metadata["doc"]`` documents it (`omni stages`, ``docs/stage-options.md``).
     """
 
-    placement: Placement = "process"
-    replicas: int = 1
-    devices: tuple[str, ...] = ()
-    load_balancer: LoadBalancer = "least_loaded"
-    cpu_threads: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
-    nice: int = attrs.field(default=0, validator=[attrs.validators.ge(0), attrs.validators.le(19)])
-    keep_freed_memory: bool = True
-    options: dict[str, Any] = attrs.field(factory=dict)
+    placement: Placement = attrs.field(
+        default="process",
+        metadata={
+            "doc": "Where each replica runs: ``process``, a spawned worker process of its own; ``inline``, a thread "
+            "of the engine's process (tests, light stages)."
+        },
+    )
+    replicas: int = attrs.field(
+        default=1, metadata={"doc": "How many copies of the stage run; each request goes to one (`load_balancer`)."}
+    )
+    devices: tuple[str, ...] = attrs.field(
+        default=(),
+        metadata={
+            "doc": "The stage's devices (``cpu``, ``cuda:0``, ...): its runtime runs on the first, and a ``process`` "
+            "replica sees only these GPUs (``CUDA_VISIBLE_DEVICES``). Empty: CUDA when there is one, else CPU."
+        },
+    )
+    load_balancer: LoadBalancer = attrs.field(
+        default="least_loaded",
+        metadata={
+            "doc": "How a new request picks a replica: ``least_loaded`` (fewest requests in flight) or "
+            "``round_robin``; a replica still loading is picked only when none is ready."
+        },
+    )
+    cpu_threads: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.ge(1)),
+        metadata={
+            "doc": "Intra-op CPU threads of each replica's process (``OMP_NUM_THREADS``, set before torch loads). "
+            "``None`` keeps the libraries' default of one thread per core, which oversubscribes the cores when "
+            "several stage processes share them. ``process`` placement only."
+        },
+    )
+    nice: int = attrs.field(
+        default=0,
+        validator=[attrs.validators.ge(0), attrs.validators.le(19)],
+        metadata={
+            "doc": "How much the replica's process yields the CPU to the others (Unix niceness added to the "
+            "engine's, 0-19), e.g. an upstream stage yielding to the stages nearer the output on a machine with "
+            "few cores. ``process`` placement only."
+        },
+    )
+    keep_freed_memory: bool = attrs.field(
+        default=True,
+        metadata={
+            "doc": "The replica's process keeps freed heap memory for reuse instead of handing it back to the OS "
+            "(glibc ``mallopt``), so tensors of a few MiB do not page-fault afresh at every allocation (measured "
+            "2-7x faster CPU elementwise ops); its resident memory stays at its peak. ``process`` placement only."
+        },
+    )
+    options: dict[str, Any] = attrs.field(
+        factory=dict,
+        metadata={
+            "doc": "The runtime options of the stage's kind (listed per kind); ``--set STAGE.OPTION=VALUE`` sets one."
+        },
+    )
 
 
 @attrs.frozen

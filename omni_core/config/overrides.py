@@ -46,6 +46,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     """Split ``key=value`` and parse the value as YAML; a malformed override is a `ConfigError`."""
     key, sep, raw_value = text.partition("=")
     key = key.strip()
+    if not sep and key.endswith("-"):
+        # `--set edge.a->b.connector=x` unquoted: the shell took `>b.connector=x` as a redirection
+        # (and wrote a file of that name); only `edge.a-` arrived.
+        raise ConfigError(
+            f"override {text!r} ends in '-': the shell read the '>' of '->' as a redirection. "
+            "Quote the override: --set 'edge.SRC->DST.connector=NAME'",
+            key=key,
+        )
     if not sep:
         raise ConfigError(
             f"override {text!r} has no '=': write KEY=VALUE, e.g. thinker.replicas=2", key=key or text
@@ -83,8 +91,8 @@ def _deploy_path(key: str, stage_names: Sequence[str]) -> list[str]:
         return ["defaults", *rest.split(".")]
     if head in ("edge", "edges"):
         edge, _, field = rest.partition(".")
-        if not edge or not field:
-            raise ConfigError("write edge.SRC->DST.connector=NAME", key=key)
+        if not edge or not field or "->" not in edge:
+            raise ConfigError("write edge.SRC->DST.connector=NAME, quoted for the shell: --set 'edge.SRC->DST.connector=NAME'", key=key)
         return ["edges", edge, *_connector_path(field)]
     if head == "output_connector":
         if not rest:

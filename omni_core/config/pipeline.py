@@ -13,8 +13,9 @@ MODALITIES = ("text", "audio", "image", "video", "action")
 class EdgeSpec:
     """An input of a stage: chunks of `source` turned into stage input by `adapter`.
 
-    `adapter` is a lazy ``"module:attr"`` reference to a factory ``(pipeline, edge) -> EdgeAdapter``
-    (see `omni_core.stages.base.EdgeAdapter`); ``None`` passes each chunk's data through unchanged.
+    `adapter` is a lazy ``"module:attr"`` reference to a factory ``(PartContext) -> EdgeAdapter``
+    (usually an `omni_core.parts.EdgeAdapter` subclass); ``None`` passes each chunk's data through
+    unchanged.
     """
 
     source: str
@@ -26,14 +27,16 @@ class StageSpec:
     """One stage of a pipeline as the model family declares it.
 
     - `kind`: the stage runtime kind (``ar``, ``generation``, ``diffusion`` or a plugin's kind).
-    - `model`: lazy ``"module:attr"`` reference to the stage's model part; what it must provide is
-      defined by the runtime kind.
+    - `model`: lazy ``"module:attr"`` reference to the factory ``(PartContext) -> model part``
+      (usually the model part's class): an `ARModel`, `GenerationModel` or `DiffusionModel`
+      subclass for the ``ar``, ``generation`` and ``diffusion`` kinds.
     - `inputs`: upstream edges; a stage with none takes the request's processed input.
     - `output`: the user-facing modality this stage produces (``None``: internal stage).
     - `extra_outputs`: more modalities the same stage can produce (e.g. a diffusion stage that
       makes images, videos and their audio); a request wanting any of them runs the stage.
-    - `output_adapter`: lazy reference to ``(chunk) -> dict`` mapping a chunk to the `OutputDelta`
-      keys (see `omni_core.outputs.OutputDelta`); ``None`` passes the chunk data through.
+    - `output_adapter`: lazy reference to a factory ``(PartContext) -> OutputAdapter`` mapping a
+      chunk to the `OutputDelta` keys (see `omni_core.parts.OutputAdapter`); ``None`` passes the
+      chunk data through.
     - `final`: completing this stage completes the request (a sink of the stage graph).
     - `params`: default per-request parameters (a request overrides them key by key).
     - `options`: runtime option defaults the family needs (the deploy config may override them).
@@ -55,13 +58,12 @@ class StageSpec:
 class PipelineConfig:
     """A model family's pipeline for one checkpoint.
 
-    `input_processor` is a lazy reference to a factory ``(pipeline) -> processor``; the processor is
-    called as ``processor(request) -> dict[str, StageInput]`` (in a worker thread) giving the input of
-    each entry stage (``None``: the core's text-prompt processor); its optional ``load()`` runs (in a
-    worker thread) while the engine starts the stages, for what it would otherwise load on the first
-    request (a tokenizer, processor settings). `default_deploy` is a
-    package resource ``"package:path/to/deploy.yaml"``. `default_modalities` are produced when a
-    request names none.
+    `input_processor` is a lazy reference to a factory ``(PartContext) -> InputProcessor`` (see
+    `omni_core.parts.InputProcessor`: ``process(request)`` gives the input of each entry stage,
+    ``load()`` runs while the engine starts the stages); ``None``: the core's text-prompt
+    processor. Every part reference of a pipeline follows the one rule of `omni_core.parts`.
+    `default_deploy` is a package resource ``"package:path/to/deploy.yaml"``.
+    `default_modalities` are produced when a request names none.
     """
 
     family: str

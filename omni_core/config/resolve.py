@@ -24,7 +24,7 @@ from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedSt
 from omni_core.config.structure import STRICT, structure_config
 from omni_core.errors import ConfigError, PluginError
 from omni_core.families import PipelineFamily
-from omni_core.refs import load_ref
+from omni_core.refs import accepted_keywords, load_ref
 
 if TYPE_CHECKING:
     from omni_core.plugins import PluginHost
@@ -123,7 +123,7 @@ def resolve_pipeline(
                 cpu_threads=stage_deploy.cpu_threads,
                 nice=stage_deploy.nice,
                 keep_freed_memory=stage_deploy.keep_freed_memory,
-                quantization_ref=plugins.quantization_resolvers[options["quantization"]] if options.get("quantization") else None,
+                quantization=_resolve_quantization(spec, options, plugins),
                 options=options,
             )
         )
@@ -403,6 +403,26 @@ def _check_options(
     return _plain(STRICT.unstructure(options))
 
 
+def _resolve_quantization(spec: StageSpec, options: dict[str, Any], plugins: PluginHost) -> dict[str, Any] | None:
+    """Call the registered resolver of the stage's ``quantization`` option (checked to exist by
+    `_check_options`) for its kind: what the runtime applies, as plain data."""
+    name = options.get("quantization")
+    if name is None:
+        return None
+    key = f"stages.{spec.name}.options.quantization"
+    resolver = load_ref(plugins.quantization_resolvers[name])
+    try:
+        resolved = resolver(spec.kind, dict(options))
+    except ConfigError as exc:
+        raise ConfigError(f"stage {spec.name!r}: {exc}", key=key) from exc
+    if not isinstance(resolved, dict):
+        raise ConfigError(
+            f"quantization resolver {name!r} returned {type(resolved).__name__}, not a dict, for {spec.kind!r} stage {spec.name!r}",
+            key=key,
+        )
+    return _plain(resolved)
+
+
 def _check_checkpoint_dtype(stage: str, model_path: str) -> None:
     """``dtype: checkpoint`` needs a checkpoint that says its dtype: fail now, not in the stage."""
     try:
@@ -435,6 +455,7 @@ def _resolve_edge(
     inline = [stage_deploys[source].placement == "inline", stage_deploys[target].placement == "inline"]
     name = edge.connector if "connector" in raw_edge else ("inproc" if all(inline) else "shm")
     ref = _connector_ref(name, all(inline), f"edges.{key}.connector", plugins)
+    _check_connector_options(name, ref, edge.options, f"edges.{key}.options")
     return ResolvedEdge(
         source=source,
         target=target,
@@ -460,7 +481,17 @@ def _resolve_output_connector(
         config.output_connector.connector if "connector" in raw_out else ("inproc" if all_inline else "shm")
     )
     ref = _connector_ref(name, all_inline, "output_connector.connector", plugins)
+    _check_connector_options(name, ref, config.output_connector.options, "output_connector.options")
     return name, ref, dict(config.output_connector.options)
+
+
+def _check_connector_options(name: str, ref: str, options: Mapping[str, Any], key: str) -> None:
+    """Reject options the connector's constructor does not take (it is built as
+    ``Class(**options)`` in every stage process: better now, naming the key, than there)."""
+    known = accepted_keywords(load_ref(ref))
+    for option in options if known is not None else ():
+        if option not in known:
+            raise ConfigError(unknown_name_message(f"option of connector {name!r}", option, known), key=f"{key}.{option}")
 
 
 def _connector_ref(name: str, all_inline: bool, key: str, plugins: PluginHost) -> str:

@@ -47,8 +47,10 @@ class ResolvedStage:
     cpu_threads: int | None = None
     nice: int = 0
     keep_freed_memory: bool = True
-    # The registered resolver of the `quantization` option, looked up at resolve time ("module:attr").
-    quantization_ref: str | None = None
+    # What the registered resolver of the `quantization` option returned for this stage's kind
+    # (vLLM engine arguments for `ar`, a linear-swap spec for `diffusion`): resolved once, at
+    # resolve time, so workers import no resolver.
+    quantization: dict[str, Any] | None = None
     options: dict[str, Any] = attrs.field(factory=dict)
 
     @property

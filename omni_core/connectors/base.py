@@ -16,12 +16,35 @@ from omni_core.outputs import Payload
 class Connector(abc.ABC):
     """Moves payloads: ``put(payload) -> handle``, ``get(handle) -> payload``, ``release(handle)``.
 
-    - Handles are small and picklable; a handle is got at most once and released exactly once by
-      the consumer, after which its storage may be reused.
-    - Tensors (torch or numpy) may come back as zero-copy views valid until `release`.
-    - Capacity is bounded: `put` blocks while full and raises `ConnectorFullError` after
-      `timeout` seconds (``None``: the connector's default).
-    - Safe for concurrent producers (threads and processes).
+    The rules, each checked by `omni_core.testing.connector_contract.ConnectorContract`:
+
+    1. Built as ``Class(**options)`` from the edge's options (JSON-like values) in every process
+       that uses it: the producer's and the consumer's instances share nothing but those options.
+    2. Round trip: `get` returns a payload equal to what was `put`: the same container types
+       (dict, list, tuple), every torch tensor and numpy array with its dtype (bfloat16 included),
+       shape and values (non-contiguous, column-major, 0-d and empty ones too), and the other
+       leaves (str, bytes, int, float, bool, None) as they were; payloads without tensors too,
+       and a single tensor of 64 MiB (`large_bytes`).
+    3. Handles are small and picklable: a handle put by one instance is got and released by
+       another instance built from the same options, in another process (the consumer's). Each
+       handle is got at most once and released exactly once, by the consumer; several handles
+       may be outstanding, and each gives back its own payload.
+    4. Tensors may come back as zero-copy views, valid until `release`; after it the storage may
+       be reused.
+    5. Capacity is bounded (where the options say so): `put` on a full connector blocks, and
+       raises `ConnectorFullError` once `timeout` seconds passed (``None``: the connector's
+       default, which is finite: the built-ins wait 60 s), not before; a `release` from any
+       thread or process frees capacity and wakes a blocked `put`. At least one payload always
+       fits. A stage releases a request's inputs when the request ends there (the payloads'
+       tensors may be views its runtime still reads), so capacity must hold the chunks of every
+       request in flight on the edge; a put that times out fails its request with this error.
+    6. Safe for concurrent producers: several threads, and several processes, putting at once.
+    7. `close` frees what this instance owns and is idempotent; afterwards its `put` and `get`
+       raise `ConnectorClosedError`, and the handles it put but nobody got fail with a
+       `ConnectorError` in any instance, in any process (never garbage).
+
+    `omni_core.connectors.serialize` splits a payload into its tensor bytes and a small pickled
+    skeleton (`split_payload` / `join_payload`) for connectors that move bytes themselves.
     """
 
     def __init__(self, **options: Any) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
 from omni_core.config.resolved import ResolvedPipeline
+from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
 from omni_core.engine.inputs import TextPromptProcessor
 from omni_core.engine.orchestrator import Orchestrator
@@ -16,7 +17,7 @@ from omni_core.engine.params import check_stage_names
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import OmniError, StageError
 from omni_core.outputs import OutputDelta
-from omni_core.refs import load_ref
+from omni_core.parts import InputProcessor, PartContext, build_part
 from omni_core.runtime.stage_group import StageGroup
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class AsyncOmniEngine:
         self.groups: dict[str, StageGroup] = {}
         self.orchestrator: Orchestrator | None = None
         self._connectors: list[Connector] = []
-        self._input_processor: Any = None
+        self._input_processor: InputProcessor | None = None
         self._started = False
 
     @classmethod
@@ -57,31 +58,35 @@ class AsyncOmniEngine:
             return
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        io_connector = load_ref(self.pipeline.output_connector_ref)(**self.pipeline.output_connector_options)
+        io_connector = create_connector(self.pipeline.output_connector_ref, self.pipeline.output_connector_options, "output_connector")
         edge_connectors: dict[str, Connector] = {}
         for stage in self.pipeline.stages:
             for edge in stage.inputs:
-                edge_connectors[edge.key] = load_ref(edge.connector_ref)(**edge.connector_options)
+                edge_connectors[edge.key] = create_connector(edge.connector_ref, edge.connector_options, f"edges.{edge.key}")
         self._connectors = [io_connector, *edge_connectors.values()]
         inline_connectors = {"request": io_connector, "output": io_connector, **edge_connectors}
         self.orchestrator = Orchestrator(self.pipeline, self.groups, io_connector, edge_connectors)
         for stage in self.pipeline.stages:
             self.groups[stage.name] = StageGroup(self.pipeline, stage, self._dispatch, loop, inline_connectors)
-        processor_factory = load_ref(self.pipeline.input_processor) if self.pipeline.input_processor else TextPromptProcessor
-        self._input_processor = processor_factory(self.pipeline)
+        self._input_processor = self._build_input_processor()
         self._started = True
         try:
             for group in self.groups.values():
                 group.start()
             waits = [group.wait_ready() for group in self.groups.values()]
-            load = getattr(self._input_processor, "load", None)
-            if load is not None:  # its tokenizer etc., while the stages start: not on the first request
-                waits.append(asyncio.to_thread(load))
+            # Its tokenizer etc. load while the stages start: not on the first request.
+            waits.append(asyncio.to_thread(self._input_processor.load))
             await asyncio.wait_for(asyncio.gather(*waits), timeout)
         except BaseException:
             await self.shutdown()
             raise
         logger.info("pipeline %s (%s) ready in %.1f s", self.pipeline.family, self.pipeline.model, time.monotonic() - started)
+
+    def _build_input_processor(self) -> InputProcessor:
+        context = PartContext(self.pipeline)
+        if self.pipeline.input_processor is None:
+            return TextPromptProcessor(context)
+        return build_part(self.pipeline.input_processor, context, InputProcessor, "input processor")
 
     async def shutdown(self) -> None:
         """Fail in-flight requests, stop every replica and free connectors."""
@@ -114,11 +119,11 @@ class AsyncOmniEngine:
         Bad input raises `InvalidRequestError` here, before anything runs (so a server can answer
         4xx before it starts a stream). Closing the iterator early aborts the request.
         """
-        if not self._started or self.orchestrator is None:
+        if not self._started or self.orchestrator is None or self._input_processor is None:
             raise OmniError("the engine is not started: call `await engine.start()` first")
         check_stage_names(request.params, [s.name for s in self.pipeline.stages])
         state = self.orchestrator.plan(request)
-        stage_inputs = await asyncio.to_thread(self._input_processor, request)
+        stage_inputs = await asyncio.to_thread(self._input_processor.process, request)
         self.orchestrator.submit(state, stage_inputs)
         return self.orchestrator.stream(request.request_id)
 

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
+from omni_core.parts import InputProcessor, PartContext
 
 
-class TextPromptProcessor:
+class TextPromptProcessor(InputProcessor):
     """Gives every entry stage ``{"prompt": text}`` or ``{"messages": [...]}``.
 
     Families with multimodal input provide their own processor (`PipelineConfig.input_processor`).
     """
 
-    def __init__(self, pipeline: ResolvedPipeline) -> None:
-        self.entry_stages = [stage.name for stage in pipeline.stages if not stage.inputs]
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        self.entry_stages = [stage.name for stage in context.pipeline.stages if not stage.inputs]
 
-    def __call__(self, request: OmniRequest) -> dict[str, StageInput]:
+    def process(self, request: OmniRequest) -> dict[str, StageInput]:
         if request.prompt is not None:
             if not isinstance(request.prompt, str):
                 raise InvalidRequestError("prompt must be a string", param="prompt")

@@ -21,8 +21,8 @@ from typing import Any, Callable
 import attrs
 
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
-from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
 from omni_core.runtime.channel import EngineChannel, WorkerChannel
 
@@ -41,6 +41,11 @@ def stage_connector_keys(pipeline: ResolvedPipeline, stage: ResolvedStage) -> di
     return keys
 
 
+def _connector_key(key: str) -> str:
+    """The deploy key of a worker's connector (``"a->b"``, ``"request"``, ``"output"``), for errors."""
+    return f"edges.{key}" if "->" in key else "output_connector"
+
+
 def build_connectors(specs: dict[str, tuple[str, dict]]) -> dict[str, Connector]:
     """One connector instance per distinct (ref, options) in this process."""
     built: dict[str, Connector] = {}
@@ -48,7 +53,7 @@ def build_connectors(specs: dict[str, tuple[str, dict]]) -> dict[str, Connector]
     for key, (ref, options) in specs.items():
         spec_key = f"{ref}|{sorted(options.items())!r}|{key if key not in ('request', 'output') else 'io'}"
         if spec_key not in by_spec:
-            by_spec[spec_key] = load_ref(ref)(**options)
+            by_spec[spec_key] = create_connector(ref, options, where=_connector_key(key))
         built[key] = by_spec[spec_key]
     return built
 

@@ -16,13 +16,14 @@ from typing import Any, Callable, Protocol
 
 import attrs
 
-from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
+from omni_core.parts import EdgeAdapter, OutputAdapter, PartContext, PassThroughAdapter, build_part
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
-from omni_core.stages.base import PassThroughAdapter, StageRuntime
+from omni_core.stages.base import StageRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +83,25 @@ class StageWorker:
         self.connectors = connectors
         self.send = send
         self.batch = batch
-        self.adapters = {
-            edge.source: (load_ref(edge.adapter)(pipeline, edge) if edge.adapter else PassThroughAdapter())
-            for edge in stage.inputs
-        }
-        self.output_adapter = load_ref(stage.output_adapter) if stage.output_adapter else None
+        self.adapters = {edge.source: self._edge_adapter(edge) for edge in stage.inputs}
+        self.output_adapter = (
+            build_part(
+                stage.output_adapter,
+                PartContext(pipeline, stage, replica=replica),
+                OutputAdapter,
+                f"stage {stage.name!r} output adapter",
+            )
+            if stage.output_adapter
+            else None
+        )
         self.requests: dict[str, _RequestState] = {}
         self.runtime: StageRuntime | None = None
+
+    def _edge_adapter(self, edge: ResolvedEdge) -> EdgeAdapter:
+        context = PartContext(self.pipeline, self.stage, edge, self.replica)
+        if edge.adapter is None:
+            return PassThroughAdapter(context)
+        return build_part(edge.adapter, context, EdgeAdapter, f"edge {edge.key!r} adapter")
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -233,7 +246,7 @@ class StageWorker:
                 handle = connector.put(chunk.data)
                 self.send(m.Emit(chunk.request_id, target, chunk.index, chunk.final, handle))
             if state.emit_output:
-                data = self.output_adapter(chunk) if self.output_adapter else chunk.data
+                data = self.output_adapter.to_output(chunk) if self.output_adapter else chunk.data
                 if data or chunk.final:
                     handle = self.connectors["output"].put(data)
                     self.send(m.Emit(chunk.request_id, None, state.out_index, chunk.final, handle))

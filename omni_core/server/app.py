@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
-import attrs
 from litestar import Litestar, Request
+from litestar.di import Provide
 from litestar.exceptions import NotAuthorizedException
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Receive, Scope, Send
@@ -20,23 +19,11 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.server.errors import handle_exception
 from omni_core.server.metrics import ServerMetrics
 from omni_core.server.routes import ROUTES
-from omni_core.server.videos import VideoJobs
+from omni_core.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-
-
-@attrs.define
-class ServerState:
-    """What the routes share: the engine, the served name, metrics and video jobs."""
-
-    engine: AsyncOmniEngine
-    model_name: str
-    metrics: ServerMetrics
-    api_key: str | None
-    videos: VideoJobs = attrs.field(factory=VideoJobs)
-    created: int = attrs.field(factory=lambda: int(time.time()))
 
 
 def _route_label(scope: Scope) -> str:
@@ -110,8 +97,13 @@ def create_app(
         request_max_body_size=max_body_bytes,
         openapi_config=OpenAPIConfig(title="Omni", version=__version__, description=f"OpenAI-compatible API serving {name}"),
         logging_config=None,
+        # What a handler (ours or a plugin's, `register_routes`) may declare by parameter name.
+        dependencies={
+            "server": Provide(lambda: server, use_cache=True, sync_to_thread=False),
+            "engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False),
+        },
     )
-    app.state.server = server
+    app.state.server = server  # for the API-key check and the metrics middleware (no DI there)
     return app
 
 

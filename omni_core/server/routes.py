@@ -9,7 +9,6 @@ from typing import Any, AsyncIterator
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 from litestar.params import Body
 from litestar.response import ServerSentEvent
@@ -39,6 +38,7 @@ from omni_core.server.protocol import (
     VideoRequest,
 )
 from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
+from omni_core.server.state import ServerState
 
 # Every error leaves as an OpenAI error body (see errors.py): document that, not Litestar's own shape.
 ERROR_RESPONSES = {
@@ -77,8 +77,7 @@ class ChatController(Controller):
     tags = ["chat"]
 
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
-    async def create(self, data: Annotated[ChatCompletionRequest, Body()], state: State, request: Request) -> Response[Any]:
-        server = state.server
+    async def create(self, data: Annotated[ChatCompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = chat_request(data, server.engine.pipeline)
         audio_format = data.audio.format if data.audio else "wav"
@@ -132,8 +131,7 @@ class AudioController(Controller):
     tags = ["audio"]
 
     @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
-    async def speech(self, data: Annotated[SpeechRequest, Body()], state: State, request: Request) -> Response[Any]:
-        server = state.server
+    async def speech(self, data: Annotated[SpeechRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline), server.metrics)
         if data.stream_format == "sse":
@@ -161,8 +159,7 @@ class ImagesController(Controller):
     tags = ["images"]
 
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
-    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], state: State, request: Request) -> ImagesResponse:
-        server = state.server
+    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         tracked = await Tracked.start_request(server.engine, image_request(data, server.engine.pipeline), server.metrics)
         result = await tracked.run_while_connected(request.receive)
@@ -174,38 +171,36 @@ class VideosController(Controller):
     tags = ["videos"]
 
     @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job")
-    async def create(self, data: Annotated[VideoRequest, Body()], state: State) -> VideoJob:
-        server = state.server
+    async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         request = video_request(data, server.engine.pipeline)
         tracked = await Tracked.start_request(server.engine, request, server.metrics)
         return server.videos.start(tracked, server.model_name, data.prompt)
 
     @get("/{video_id:str}", responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="A video job's status")
-    async def retrieve(self, video_id: str, state: State) -> VideoJob:
-        return state.server.videos.job(video_id)
+    async def retrieve(self, video_id: str, server: ServerState) -> VideoJob:
+        return server.videos.job(video_id)
 
     @get("/{video_id:str}/content", responses={**ERROR_RESPONSES, 409: ResponseSpec(data_container=ErrorResponse, description="The video is not finished yet")}, summary="The finished video (MP4)", media_type="video/mp4")
-    async def content(self, video_id: str, state: State) -> Response[bytes]:
-        return Response(state.server.videos.content(video_id), media_type="video/mp4")
+    async def content(self, video_id: str, server: ServerState) -> Response[bytes]:
+        return Response(server.videos.content(video_id), media_type="video/mp4")
 
 
 @get("/v1/models", tags=["models"], responses={401: ERROR_RESPONSES[401]}, summary="The served model")
-async def list_models(state: State) -> ModelList:
-    server = state.server
+async def list_models(server: ServerState) -> ModelList:
     return ModelList(data=[ModelCard(id=server.model_name, created=server.created)])
 
 
 @get("/health", tags=["health"], summary="Liveness and readiness of every stage replica")
-async def health(state: State) -> Response[Any]:
-    replicas = await state.server.engine.health()
+async def health(server: ServerState) -> Response[Any]:
+    replicas = await server.engine.health()
     healthy = bool(replicas) and all(r.get("healthy") for r in replicas)
     return Response({"status": "ok" if healthy else "unhealthy", "replicas": replicas}, status_code=200 if healthy else 503)
 
 
 @get("/metrics", tags=["metrics"], summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
-async def metrics(state: State) -> Response[bytes]:
-    return Response(state.server.metrics.render(), media_type="text/plain; version=0.0.4")
+async def metrics(server: ServerState) -> Response[bytes]:
+    return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 ROUTES = [ChatController, AudioController, ImagesController, VideosController, list_models, health, metrics]

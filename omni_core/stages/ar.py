@@ -18,7 +18,6 @@ from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.outputs import Chunk, Payload, StageInput
-from omni_core.refs import load_ref
 from omni_core.stages.ar_model import ARDelta, ARModel
 from omni_core.stages.base import ProgressCallback, StageRuntime
 
@@ -44,34 +43,87 @@ _positive = [attrs.validators.instance_of(int), attrs.validators.gt(0)]
 class AROptions:
     """Deploy options of an `ar` stage (vLLM engine settings).
 
-    `kv_cache_memory_bytes` None means, on CPU, 256 MiB or room for two sequences of the full
-    `max_model_len`, whichever is more (from the model's layers, KV heads, head size and dtype;
-    vLLM would otherwise reserve most of the machine's memory for each stage), and
-    `gpu_memory_utilization` on GPU. `engine_args` passes any other vLLM
-    `EngineArgs` through and wins over everything else. `streamed_input_min_tokens`: a request of a
-    streamed-input model part (re)enters vLLM once its input allows this many more tokens (or its
-    input is final); fewer means lower latency but more resumptions (each re-prefills the request,
-    unless the model part is resumable: then each costs a step, and the first start needs one token).
-    `admission_window_ms`: when the stage is idle, how long its first new request waits for others
-    sent with it, so they prefill together and move through the pipeline as one batch (0: never).
-    `dtype`: vLLM's (``auto``: the checkpoint's, but float32 checkpoints run in bfloat16 on CPU), or
-    ``checkpoint``: exactly the dtype the checkpoint's weights are stored in (transformers'
-    ``torch_dtype="auto"``; `omni_core.config.modelref.checkpoint_dtype`).
+    Each field's ``metadata["doc"]`` documents it (`omni stages ar`, ``docs/stage-options.md``).
     """
 
-    max_num_seqs: int = attrs.field(default=32, validator=_positive)
-    max_model_len: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
-    max_num_batched_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
-    dtype: str = "auto"
-    kv_cache_memory_bytes: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
-    gpu_memory_utilization: float = attrs.field(default=0.9, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)])
-    enforce_eager: bool = True
-    seed: int = 0
-    quantization: str | None = None
-    enable_prompt_embeds: bool = False
-    engine_args: dict[str, Any] = attrs.field(factory=dict)
-    streamed_input_min_tokens: int = attrs.field(default=4, validator=_positive)
-    admission_window_ms: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    max_num_seqs: int = attrs.field(
+        default=32, validator=_positive, metadata={"doc": "Most requests in one engine step (vLLM's ``max_num_seqs``)."}
+    )
+    max_model_len: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(_positive),
+        metadata={"doc": "Longest sequence, prompt and output, in tokens (``None``: the checkpoint's context length)."},
+    )
+    max_num_batched_tokens: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(_positive),
+        metadata={"doc": "Most tokens scheduled in one engine step (vLLM's ``max_num_batched_tokens``; ``None``: vLLM's default)."},
+    )
+    dtype: str = attrs.field(
+        default="auto",
+        metadata={
+            "doc": "vLLM's dtype (``auto``: the checkpoint's, but float32 checkpoints run in bfloat16 on CPU), or "
+            "``checkpoint``: exactly the dtype the checkpoint's weights are stored in (transformers' "
+            '``torch_dtype="auto"``; `omni_core.config.modelref.checkpoint_dtype`).'
+        },
+    )
+    kv_cache_memory_bytes: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(_positive),
+        metadata={
+            "doc": "Bytes of KV cache. ``None``: on CPU, 256 MiB or room for two sequences of the full "
+            "`max_model_len`, whichever is more (from the model's layers, KV heads, head size and dtype; vLLM "
+            "would otherwise reserve most of the machine's memory for each stage); on GPU, "
+            "`gpu_memory_utilization` decides."
+        },
+    )
+    gpu_memory_utilization: float = attrs.field(
+        default=0.9,
+        validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)],
+        metadata={
+            "doc": "On GPU, the fraction of the device's memory the stage's vLLM engine may take (weights, "
+            "activations and KV cache) when `kv_cache_memory_bytes` is ``None``."
+        },
+    )
+    enforce_eager: bool = attrs.field(
+        default=True,
+        metadata={"doc": "Run the model eagerly, without vLLM's CUDA graphs and compilation (faster start, slower GPU steps)."},
+    )
+    seed: int = attrs.field(
+        default=0, metadata={"doc": "vLLM's engine seed; a request's own ``seed`` parameter wins for that request."}
+    )
+    quantization: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "A registered quantization resolver (``fp8``, ``int8``, ...; `omni plugins` lists them) whose "
+            "answer is passed to vLLM; ``None``: the weights as the checkpoint stores them."
+        },
+    )
+    enable_prompt_embeds: bool = attrs.field(
+        default=False,
+        metadata={"doc": "Accept prompt embeddings as input (vLLM's ``enable_prompt_embeds``); on anyway when the model part needs them."},
+    )
+    engine_args: dict[str, Any] = attrs.field(
+        factory=dict,
+        metadata={"doc": "Any other vLLM `EngineArgs` keywords, passed through; they win over everything else."},
+    )
+    streamed_input_min_tokens: int = attrs.field(
+        default=4,
+        validator=_positive,
+        metadata={
+            "doc": "A request of a streamed-input model part (re)enters vLLM once its input allows this many more "
+            "tokens (or its input is final); fewer means lower latency but more resumptions (each re-prefills the "
+            "request, unless the model part is resumable: then each costs a step, and the first start needs one token)."
+        },
+    )
+    admission_window_ms: float = attrs.field(
+        default=0.0,
+        validator=attrs.validators.ge(0),
+        metadata={
+            "doc": "When the stage is idle, how long its first new request waits for others sent with it, so they "
+            "prefill together and move through the pipeline as one batch (0: never)."
+        },
+    )
 
 
 @attrs.define
@@ -110,20 +162,6 @@ def _seeded_sampling(params: dict[str, Any]) -> bool:
     """Whether a request samples (temperature above 0; vLLM's default is 1) with a fixed seed."""
     temperature = params.get("temperature")
     return params.get("seed") is not None and (temperature is None or float(temperature) > 0)
-
-
-def load_model_part(ref: str) -> ARModel:
-    """Load a stage's `model` reference: an `ARModel` instance, or a factory/class returning one."""
-    obj = load_ref(ref)
-    if not isinstance(obj, ARModel) and callable(obj):
-        obj = obj()
-    if not isinstance(obj, ARModel):
-        raise ConfigError(
-            f"{ref!r} is a {type(obj).__name__}, not an omni_core.stages.ar_model.ARModel: point the "
-            "stage's model at an ARModel instance or a factory returning one",
-            key="model",
-        )
-    return obj
 
 
 class ARStageRuntime(StageRuntime):
@@ -166,7 +204,7 @@ class ARStageRuntime(StageRuntime):
         if progress:
             progress(f"loading the model part of stage {self.stage.name!r}", 0.0)
         vllm_bridge.check_vllm_version()
-        self.model_part = load_model_part(self.stage.model)
+        self.model_part = self.build_model_part(ARModel)
         self.model_part.register()
         args = self.engine_args()
         if progress:
@@ -215,12 +253,14 @@ class ARStageRuntime(StageRuntime):
             "seed": opts.seed,
             "disable_log_stats": True,
         }
-        for key in ("max_model_len", "max_num_batched_tokens", "quantization"):
+        for key in ("max_model_len", "max_num_batched_tokens"):
             if getattr(opts, key) is not None:
                 args[key] = getattr(opts, key)
+        # What the registered resolver made of the `quantization` option (e.g. {"quantization": "fp8"}).
+        args.update(self.quantization() or {})
         if opts.kv_cache_memory_bytes is not None:  # (else the CPU default is sized in `load`)
             args["kv_cache_memory_bytes"] = opts.kv_cache_memory_bytes
-        model_args = self.model_part.engine_args(self.pipeline, self.stage)
+        model_args = self.model_part.engine_args()
         args.update(model_args)
         # Either side may need prompt embeddings (the model part for a Talker-like stage).
         args["enable_prompt_embeds"] = opts.enable_prompt_embeds or bool(model_args.get("enable_prompt_embeds"))

@@ -1,27 +1,28 @@
 """The model part of an `ar` stage: what a model plugin supplies to `ARStageRuntime`.
 
-A stage's `model` is a ``"module:attr"`` reference to an `ARModel` instance (or a factory returning
-one). The defaults make the simplest model part "this checkpoint directory, as vLLM loads it":
-``tiny = ARModel()``. Plugins customise by setting fields or by subclassing and overriding a method
-(`register`, `engine_args`, `make_prompt`, `sampling_params`, `chunk_data`). Nothing here imports vLLM
-at module import.
+A stage's `model` is a ``"module:attr"`` reference to a factory ``(PartContext) -> ARModel``
+(`omni_core.parts`): usually an `ARModel` subclass. The defaults make the simplest model part "this
+checkpoint directory, as vLLM loads it": the reference ``"omni_core.stages.ar_model:ARModel"``.
+Plugins customise by subclassing: overriding the declarations (class attributes) and methods
+(`register`, `engine_args`, `make_prompt`, `sampling_params`, `chunk_data`). Nothing here imports
+vLLM at module import.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+import types
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Payload, StageInput
+from omni_core.parts import Part
 
 if TYPE_CHECKING:
     import torch
     from vllm import SamplingParams
-
-    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 
 
 @attrs.define
@@ -46,9 +47,11 @@ class ARDelta:
     prompt_info: Payload | None = None  # `ARModel.prompt_info`, on the first delta only
 
 
-@attrs.define
-class ARModel:
+class ARModel(Part):
     """The model part of an `ar` stage.
+
+    Declarations (class attributes; a subclass overrides them, or sets them on the instance in
+    its ``__init__`` when they depend on the checkpoint):
 
     - `subfolder`: the LM lives in this subfolder of the pipeline's checkpoint.
     - `model_path`: an explicit path instead (wins over `subfolder`).
@@ -75,6 +78,9 @@ class ARModel:
       starts as soon as its input allows one token, so its prompt is prefilled while more input
       streams in. Its prompts must be token ids (`make_prompt`); a model class that needs
       embeddings puts them in from its side inputs.
+
+    The base class as it is serves "this checkpoint directory, as vLLM loads it": a stage whose
+    ``model`` is ``"omni_core.stages.ar_model:ARModel"`` needs no code of its own.
     """
 
     subfolder: str | None = None
@@ -82,13 +88,13 @@ class ARModel:
     tokenizer: str | None = None
     skip_tokenizer_init: bool = False
     enable_prompt_embeds: bool = False
-    hf_overrides: dict[str, Any] = attrs.field(factory=dict)
-    engine_overrides: dict[str, Any] = attrs.field(factory=dict)
-    architectures: dict[str, str] = attrs.field(factory=dict)
+    hf_overrides: Mapping[str, Any] = types.MappingProxyType({})
+    engine_overrides: Mapping[str, Any] = types.MappingProxyType({})
+    architectures: Mapping[str, str] = types.MappingProxyType({})
     capture_hidden_states: bool = False
     hidden_state_layer: int | None = None
     capture_base: str | None = None
-    hidden_state_layers: dict[str, int | None] = attrs.field(factory=dict)
+    hidden_state_layers: Mapping[str, int | None] = types.MappingProxyType({})
     streamed_input: bool = False
     resumable: bool = False
 
@@ -121,9 +127,9 @@ class ARModel:
             classes[self.capture_architecture] = vllm_bridge.capture_model_class(self.capture_base)
         vllm_bridge.register_architectures(classes)
 
-    def engine_args(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, Any]:
+    def engine_args(self) -> dict[str, Any]:
         """`EngineArgs` keywords this model needs (the runtime adds its deploy options)."""
-        path = self.model_path or pipeline.model_path
+        path = self.model_path or self.context.model_path
         if self.subfolder and not self.model_path:
             path = os.path.join(path, self.subfolder)
         args: dict[str, Any] = {"model": path, **self.engine_overrides}

@@ -10,16 +10,16 @@ it produced. Nothing here is per-request Python work inside a step.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar, Protocol, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 import attrs
 
-from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.refs import load_ref
+from omni_core.parts import Part, PartContext, build_part
 
-ModelPart = TypeVar("ModelPart")
+ModelPart = TypeVar("ModelPart", bound=Part)
 
 ProgressCallback = Callable[[str, float], None]
 """``progress(description, fraction)`` reported while loading (0.0 .. 1.0)."""
@@ -33,8 +33,9 @@ class NoOptions:
 class StageRuntime(abc.ABC):
     """One replica of one stage: batched compute over many requests.
 
-    Subclasses set `Options` to an attrs class; `resolve()` validates the deploy options against it
-    and the runtime receives an instance as `self.options`. `streaming` tells whether to emit
+    Subclasses set `Options` to an attrs class, one ``attrs.field(..., metadata={"doc": ...})`` per
+    option (``omni stages`` prints them); `resolve()` validates the deploy options against it and
+    the runtime receives an instance as `self.options`. `streaming` tells whether to emit
     chunks as they are ready (true) or one final chunk per request (false): both must give the same
     result.
     """
@@ -93,43 +94,20 @@ class StageRuntime(abc.ABC):
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
+    def quantization(self) -> dict[str, Any] | None:
+        """What the registered resolver of the stage's ``quantization`` option returned for this
+        kind (resolved by `resolve()`), or None when the stage is not quantized."""
+        name = getattr(self.options, "quantization", None)
+        if name is not None and self.stage.quantization is None:
+            raise StageError(self.stage.name, f"quantization {name!r} is not resolved: resolve the pipeline with resolve()")
+        return self.stage.quantization
+
     def build_model_part(self, base: type[ModelPart]) -> ModelPart:
-        """Build this replica's model part from the stage's factory reference ``(pipeline, stage)``.
-
-        An instance is refused: inline replicas would share it, and each needs its own.
-        """
-        factory = load_ref(self.stage.model)
-        if isinstance(factory, base):
-            raise StageError(
-                self.stage.name,
-                f"model part {self.stage.model!r} is an instance; refer to a factory "
-                f"(pipeline, stage) -> {base.__name__} instead (e.g. the class itself)",
-            )
-        model = factory(self.pipeline, self.stage)
-        if not isinstance(model, base):
-            raise StageError(
-                self.stage.name,
-                f"model part {self.stage.model!r} returned {type(model).__name__}; a {self.stage.kind} stage needs "
-                f"a {base.__module__}.{base.__name__}",
-            )
-        return model
-
-
-class EdgeAdapter(Protocol):
-    """Turns upstream chunks into input of the downstream stage, per request.
-
-    `state` is a dict private to (request, edge), kept by the worker of the receiving stage; it is
-    dropped when the request ends. Return ``None`` to wait for more chunks.
-    """
-
-    def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None: ...
-
-
-class PassThroughAdapter:
-    """The default edge adapter: each chunk's data becomes stage input as it is."""
-
-    def __init__(self, pipeline: ResolvedPipeline | None = None, edge: ResolvedEdge | None = None) -> None:
-        pass
-
-    def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
-        return StageInput(data=chunk.data, final=chunk.final)
+        """Build this replica's model part: the stage's `model` reference called with this
+        replica's `PartContext` (see `omni_core.parts`), checked to be a `base`."""
+        return build_part(
+            self.stage.model,
+            PartContext(self.pipeline, self.stage, replica=self.replica),
+            base,
+            f"stage {self.stage.name!r} model part",
+        )

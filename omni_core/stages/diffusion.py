@@ -22,7 +22,6 @@ from omni_core.config.modelref import CHECKPOINT_DTYPE, resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.refs import load_ref
 from omni_core.stages.base import ProgressCallback, StageRuntime
 from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
@@ -34,38 +33,83 @@ Dtype = Literal["float32", "bfloat16", "float16", "checkpoint"]
 class DiffusionOptions:
     """Deploy options of a ``diffusion`` stage.
 
-    - `max_num_seqs`: most samples denoised at once (a request with ``n`` images counts ``n``).
-    - `admission_window_ms`: when idle, how long the first request waits for others to start with it.
-    - `dtype` (``checkpoint``: the dtype the checkpoint stores its weights in), `device` (``None``:
-      the stage's first device, else CUDA when available, else CPU).
-    - `quantization`: a registered quantization resolver (``int8`` for CPU, ``fp8`` for GPU, ...)
-      applied to the DiT linears.
-    - `cache`: default cache acceleration (``none`` or ``first_block``), `cache_threshold` and
-      `cache_warmup_steps` its settings; a request may override them with its ``cache`` parameter.
-    - `vae_tiling` / `vae_tile`: decode in spatial tiles of `vae_tile` pixels (bounded memory).
-    - `progress`: emit a ``progress`` chunk per request per step (when streaming).
-    - `compile`: compile the denoiser with `torch.compile` (the first step of each new batch shape
-      compiles, later ones run fused kernels); off by default, like diffusers.
-    - `cuda_graphs`: on CUDA, replay a step's denoiser forward as a CUDA graph while the batch
-      composition stays the same (recorded at its second step): a small model's step is otherwise
-      bound by launching its kernels. Steps with the cache on stay eager. Ignored on CPU.
+    Each field's ``metadata["doc"]`` documents it (`omni stages diffusion`, ``docs/stage-options.md``).
     """
 
-    max_num_seqs: int = attrs.field(default=8, validator=attrs.validators.ge(1))
-    admission_window_ms: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
-    dtype: Dtype = attrs.field(
-        default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE))
+    max_num_seqs: int = attrs.field(
+        default=8,
+        validator=attrs.validators.ge(1),
+        metadata={"doc": "Most samples denoised at once (a request with ``n`` images counts ``n``)."},
     )
-    device: str | None = None
-    quantization: str | None = None
-    cache: str = attrs.field(default="none", validator=attrs.validators.in_(CACHE_MODES))
-    cache_threshold: float = attrs.field(default=0.1, validator=attrs.validators.ge(0))
-    cache_warmup_steps: int = attrs.field(default=1, validator=attrs.validators.ge(0))
-    vae_tiling: bool = False
-    vae_tile: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(16)))
-    progress: bool = True
-    compile: bool = False
-    cuda_graphs: bool = False
+    admission_window_ms: float = attrs.field(
+        default=5.0,
+        validator=attrs.validators.ge(0),
+        metadata={"doc": "When the stage is idle, how long the first request waits for others to start with it (0: never)."},
+    )
+    dtype: Dtype = attrs.field(
+        default="float32",
+        validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE)),
+        metadata={"doc": "The weights' dtype (``checkpoint``: the dtype the checkpoint stores them in)."},
+    )
+    device: str | None = attrs.field(
+        default=None,
+        metadata={"doc": "The torch device (``None``: the stage's first device, else CUDA when available, else CPU)."},
+    )
+    quantization: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "A registered quantization resolver (``int8`` for CPU, ``fp8`` for GPU, ...; `omni plugins` lists "
+            "them) applied to the DiT linears; ``None``: not quantized."
+        },
+    )
+    cache: str = attrs.field(
+        default="none",
+        validator=attrs.validators.in_(CACHE_MODES),
+        metadata={
+            "doc": "Default cache acceleration: ``none``, or ``first_block`` (skip the remaining blocks while the first "
+            "block's output barely changes); a request may override it, `cache_threshold` and `cache_warmup_steps` "
+            "with its ``cache`` parameter."
+        },
+    )
+    cache_threshold: float = attrs.field(
+        default=0.1,
+        validator=attrs.validators.ge(0),
+        metadata={
+            "doc": "With the cache on: how much the first block's output may change (relative L1, accumulated since "
+            "the last full step) before the whole stack runs again; 0 never skips."
+        },
+    )
+    cache_warmup_steps: int = attrs.field(
+        default=1,
+        validator=attrs.validators.ge(0),
+        metadata={"doc": "With the cache on: the first steps, which always run the whole stack (the last step does too)."},
+    )
+    vae_tiling: bool = attrs.field(
+        default=False, metadata={"doc": "Decode in spatial tiles of `vae_tile` pixels (bounded memory for large outputs)."}
+    )
+    vae_tile: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.ge(16)),
+        metadata={"doc": "The tile size in pixels with `vae_tiling` (``None``: the VAE's default)."},
+    )
+    progress: bool = attrs.field(
+        default=True, metadata={"doc": "Emit a ``progress`` chunk per request per step (when streaming)."}
+    )
+    compile: bool = attrs.field(
+        default=False,
+        metadata={
+            "doc": "Compile the denoiser with `torch.compile` (the first step of each new batch shape compiles, later "
+            "ones run fused kernels); off by default, like diffusers."
+        },
+    )
+    cuda_graphs: bool = attrs.field(
+        default=False,
+        metadata={
+            "doc": "On CUDA, replay a step's denoiser forward as a CUDA graph while the batch composition stays the "
+            "same (recorded at its second step): a small model's step is otherwise bound by launching its kernels. "
+            "Steps with the cache on stay eager. Ignored on CPU."
+        },
+    )
 
 
 @attrs.define
@@ -103,7 +147,7 @@ class DiffusionStageRuntime(StageRuntime):
             LoadSpec(
                 device=self.device(),
                 dtype=resolve_dtype(self.options.dtype, self.pipeline.model_path),
-                quantization=self._quantization(),
+                quantization=self.quantization(),
                 vae_tiling=self.options.vae_tiling,
                 vae_tile=self.options.vae_tile,
                 compile=self.options.compile,
@@ -113,15 +157,6 @@ class DiffusionStageRuntime(StageRuntime):
         self.model = model
         if progress is not None:
             progress(f"loaded {self.stage.name}", 1.0)
-
-    def _quantization(self) -> dict[str, Any] | None:
-        name = self.options.quantization
-        if name is None:
-            return None
-        if self.stage.quantization_ref is None:
-            raise StageError(self.stage.name, f"quantization {name!r} has no resolver reference: resolve the pipeline with resolve()")
-        resolver = load_ref(self.stage.quantization_ref)
-        return resolver("diffusion", dict(self.stage.options))
 
     def close(self) -> None:
         self._requests.clear()

@@ -1,7 +1,7 @@
 """The model part of a ``diffusion`` stage: what a diffusion family implements.
 
-A family supplies a factory ``(pipeline: ResolvedPipeline, stage: ResolvedStage) -> DiffusionModel``
-as the stage's ``model`` reference (the class itself is the usual factory). The
+A family supplies a factory ``(PartContext) -> DiffusionModel`` as the stage's ``model`` reference
+(`omni_core.parts`; the subclass itself is the usual factory, its context in ``self.context``). The
 `DiffusionStageRuntime` owns scheduling: it validates and admits requests, groups the running ones by
 `DiffusionSample.batch_key` and calls `DiffusionModel.denoise` once per group per step, so requests
 at *different* denoising steps share one forward (step batching), and decodes finished samples.
@@ -19,6 +19,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from omni_core.parts import Part
 
 if TYPE_CHECKING:
     from omni_core.stages.diffusion_cache import CacheState
@@ -71,7 +73,7 @@ class LoadSpec:
     cuda_graphs: bool = False
 
 
-class DiffusionModel(abc.ABC):
+class DiffusionModel(Part, abc.ABC):
     """What a ``diffusion`` stage's model part does.
 
     `max_steps` bounds a request's denoising steps (more is rejected before any work starts).

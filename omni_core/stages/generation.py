@@ -37,35 +37,70 @@ def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | No
 class GenerationOptions:
     """Deploy options of a ``generation`` stage.
 
-    - `max_batch_size`: most requests decoded in one step.
-    - `dtype`: weights' dtype (``checkpoint``: the dtype the checkpoint stores them in); `device`:
-      ``None`` picks the stage's first device, else CUDA when available, else CPU.
-    - `chunk_size` / `left_context`: override the model part's values (e.g. smaller chunks for a
-      lower time to first audio); ``None`` keeps them.
-    - `first_chunk_size`: frames of a request's first chunk when streaming (``None``: `chunk_size`);
-      a small first chunk starts the audio early, later chunks keep the decode efficient.
-    - `max_chunk_size`: a request that has more new frames than its chunk (the stage fell behind)
-      decodes up to this many at once: fewer, larger chunks, so less left context is re-decoded
-      and a busy stage catches up (``None``: never more than `chunk_size`).
-    - `max_batch_frames`: most new frames (left context not counted) decoded in one step; requests
-      past it wait for the next step (one always runs). Convolutional decoders on CPU slow down per
-      frame once a batch outgrows the caches; ``None``: no limit.
-    - `compile`: let the model part compile its hot element-wise code with ``torch.compile`` (the
-      model part says what, and falls back to eager where compiling fails); it reads the option
-      from its stage's options.
+    Each field's ``metadata["doc"]`` documents it (`omni stages generation`, ``docs/stage-options.md``).
     """
 
-    max_batch_size: int = attrs.field(default=16, validator=_positive_or_none)
-    max_batch_frames: int | None = attrs.field(default=None, validator=_positive_or_none)
-    first_chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
-    max_chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
-    dtype: Dtype = attrs.field(
-        default="float32", validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE))
+    max_batch_size: int = attrs.field(
+        default=16, validator=_positive_or_none, metadata={"doc": "Most requests decoded in one step."}
     )
-    device: str | None = None
-    chunk_size: int | None = attrs.field(default=None, validator=_positive_or_none)
-    left_context: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
-    compile: bool = False
+    max_batch_frames: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata={
+            "doc": "Most new frames (left context not counted) decoded in one step; requests past it wait for the "
+            "next step (one always runs). Convolutional decoders on CPU slow down per frame once a batch outgrows "
+            "the caches; ``None``: no limit."
+        },
+    )
+    first_chunk_size: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata={
+            "doc": "Frames of a request's first chunk when streaming (``None``: `chunk_size`); a small first chunk "
+            "starts the audio early, later chunks keep the decode efficient."
+        },
+    )
+    max_chunk_size: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata={
+            "doc": "A request that has more new frames than its chunk (the stage fell behind) decodes up to this "
+            "many at once: fewer, larger chunks, so less left context is re-decoded and a busy stage catches up "
+            "(``None``: never more than `chunk_size`)."
+        },
+    )
+    dtype: Dtype = attrs.field(
+        default="float32",
+        validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE)),
+        metadata={"doc": "The weights' dtype (``checkpoint``: the dtype the checkpoint stores them in)."},
+    )
+    device: str | None = attrs.field(
+        default=None,
+        metadata={"doc": "The torch device (``None``: the stage's first device, else CUDA when available, else CPU)."},
+    )
+    chunk_size: int | None = attrs.field(
+        default=None,
+        validator=_positive_or_none,
+        metadata={
+            "doc": "Frames per chunk, over the model part's value (e.g. smaller chunks for a lower time to first "
+            "audio); ``None`` keeps the model part's."
+        },
+    )
+    left_context: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.ge(0)),
+        metadata={
+            "doc": "Already-decoded frames re-fed before each chunk so chunk boundaries are seamless, over the model "
+            "part's value; ``None`` keeps the model part's."
+        },
+    )
+    compile: bool = attrs.field(
+        default=False,
+        metadata={
+            "doc": "Let the model part compile its hot element-wise code with ``torch.compile`` (the model part says "
+            "what, and falls back to eager where compiling fails); it reads the option from its stage's options."
+        },
+    )
 
 
 @attrs.define

@@ -1,8 +1,8 @@
 """The model part of a ``generation`` stage: a non-AR decoder (e.g. codec frames -> waveform).
 
 A model family supplies one as the stage's ``model`` reference: a factory
-``(pipeline: ResolvedPipeline, stage: ResolvedStage) -> GenerationModel`` (the class itself is the
-usual factory). The `GenerationStageRuntime` buffers each request's input frames, cuts them into
+``(PartContext) -> GenerationModel`` (`omni_core.parts`; the subclass itself is the usual factory,
+its context in ``self.context``). The `GenerationStageRuntime` buffers each request's input frames, cuts them into
 chunks with left context and hands the model one `DecodeBatch` per step; the model runs *one*
 forward for the whole batch (`DecodeBatch.padded` gives the padded tensor and the lengths).
 
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import attrs
 
 from omni_core.errors import InvalidRequestError
+from omni_core.parts import Part
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +77,7 @@ class DecodeBatch:
         return out, lengths
 
 
-class GenerationModel(abc.ABC):
+class GenerationModel(Part, abc.ABC):
     """What a ``generation`` stage's model part declares and does.
 
     Declarations (class or instance attributes):

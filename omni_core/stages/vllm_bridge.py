@@ -14,11 +14,19 @@ Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngi
   connects it to the model runner's request order once, and `drain_captured()` reads the rows back
   after each engine step. It relies on vLLM internals (the forward context's attention metadata and
   the runner's persistent batch), which is why the range is pinned.
+- What a model class may read of the running batch, as methods of that mixin, so that no plugin
+  touches vLLM's runner, forward context or sampling state itself: `omni_batch_layout()` (each
+  request's rows and positions in this forward), `omni_is_greedy()`, `omni_generator()` and
+  `omni_output_token_ids()` (a request's sampling state), `omni_emit_rows()` (rows for the side
+  channel from a model that writes its own).
 - The per-request side-input store: values a model class reads per request while it runs (e.g. a
   talker's trailing text, which grows as its upstream streams), keyed by a stable request key that
   `tag_request` puts in `SamplingParams.extra_args` (it survives vLLM's id suffixing and outlives
   one vLLM request: a request resumed as a new vLLM request keeps its key). `update_side_inputs` /
   `drop_side_inputs` write it from the runtime; the model reads `omni_side(internal_id)`.
+- `omni_started_process()`: whether this process is one Omni started or runs an engine for
+  (`create_engine` marks it, and the processes vLLM spawns from it inherit the mark), for plugin
+  hooks that vLLM runs in every process it loads plugins in (``vllm.general_plugins``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import gc
 import inspect
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import attrs
 
@@ -36,6 +44,8 @@ from omni_core.errors import ConfigError, InvalidRequestError, MissingDependency
 from omni_core.refs import load_ref
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
     from vllm import LLMEngine, SamplingParams
 
@@ -55,6 +65,9 @@ RESUMED_TOKENS = "omni_resumed_tokens"
 
 FIRST_PROMPT_LEN = "omni_first_prompt_len"
 """Side input of a resumed request: the length of its first run's prompt (before generated tokens)."""
+
+OMNI_PROCESS_ENV = "OMNI_VLLM_PROCESS"
+"""Environment variable that marks a process as Omni's (`mark_omni_process`); children inherit it."""
 
 # SamplingParams arguments that the runtime owns (output kind, per-request bookkeeping) or that
 # would break the one-stream-per-request contract of a stage (n > 1 fans out into several).
@@ -93,6 +106,25 @@ def ensure_supported_version(version: str) -> None:
         )
 
 
+def mark_omni_process() -> None:
+    """Mark this process, and every process it starts from now on, as one Omni runs vLLM in.
+
+    An environment variable, so that the processes vLLM spawns (its model-inspection subprocess,
+    its workers) inherit the mark; `create_engine` calls this before vLLM reads anything.
+    """
+    os.environ[OMNI_PROCESS_ENV] = "1"
+
+
+def omni_started_process() -> bool:
+    """Whether this process is one Omni runs vLLM in, or was started from one (`mark_omni_process`).
+
+    For plugin hooks that vLLM runs in every process where it loads plugins (the
+    ``vllm.general_plugins`` entry points): a user's own vLLM process, which merely has an Omni
+    plugin installed, is not Omni's, and such hooks should leave it alone.
+    """
+    return os.environ.get(OMNI_PROCESS_ENV) == "1"
+
+
 def create_engine(engine_args: dict[str, Any], cpu_kv_cache: Callable[[int | None, int], int] | None = None) -> LLMEngine:
     """Start an in-process, step-driven `LLMEngine` from `EngineArgs` keyword arguments.
 
@@ -102,6 +134,8 @@ def create_engine(engine_args: dict[str, Any], cpu_kv_cache: Callable[[int | Non
     the size to use.
     """
     check_vllm_version()
+    # Before EngineArgs: vLLM loads its general plugins there, and spawns its inspection subprocess later.
+    mark_omni_process()
     # In-process engine core: `step()` runs schedule + forward + sample in this thread. Must be set
     # before vLLM reads its environment; an explicit "1" from the user would break step-driving.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -300,6 +334,23 @@ class CapturedRows:
     rows: torch.Tensor
 
 
+class RequestRows(NamedTuple):
+    """Where one request's tokens sit in the batch of the current forward pass (`omni_batch_layout`).
+
+    A tuple, so that a per-step loop over the batch unpacks it: ``for req_id, start, end, position in
+    layout``.
+    """
+
+    request_id: str
+    """vLLM's internal request id (the key of `omni_side` and the request accessors)."""
+    start: int
+    """The request's first row in this forward's inputs and hidden states."""
+    end: int
+    """One past its last row."""
+    position: int
+    """The request's sequence position of row `start` (the tokens it had computed before this step)."""
+
+
 class HiddenStateCapture:
     """Mixin for a vLLM model class (put it first in the bases) that records per-token hidden states.
 
@@ -309,15 +360,20 @@ class HiddenStateCapture:
     `aux_hidden_state_layers` hook (models implementing vLLM's `SupportsEagle3`). Rows are recorded
     only for real batches once `attach_capture()` connected the model to its runner; dummy/profiling
     runs are ignored. A model may override `omni_layer_states` to adjust what it records.
+
+    A model class that needs more of the running batch (a talker that builds its own input rows)
+    reads it through the ``omni_*`` methods here, never from vLLM's runner or forward context:
+    those are vLLM internals that change between releases, and this module is pinned to one range.
     """
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
         raw = (vllm_config.additional_config or {}).get(CAPTURE_CONFIG_KEY) or {}
         self.omni_capture = CaptureSettings.from_additional_config(raw)
-        self.omni_captured: list[CapturedRows] = []
-        self.omni_request_order: Callable[[], list[str]] | None = None
-        self.omni_request_state: Callable[[str], Any] = lambda req_id: None
+        self._omni_captured: list[CapturedRows] = []
+        # Set by `attach_capture` (`_attach`): the runner's row order and per-request state.
+        self._omni_request_order: Callable[[], list[str]] | None = None
+        self._omni_request_state: Callable[[str], Any] = lambda req_id: None
         # Side inputs by stable request key (`tag_request`); the runtime writes, the model reads
         # (and may keep its own per-request state there, which then lives as long as the request).
         self.omni_side_inputs: dict[str, dict[str, Any]] = {}
@@ -336,7 +392,7 @@ class HiddenStateCapture:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         output = super().forward(*args, **kwargs)  # type: ignore[misc]
         hidden, aux = output if isinstance(output, tuple) else (output, [])
-        if self.omni_request_order is not None:
+        if self._omni_request_order is not None:
             # The aux-layer hook returns (final, [layer_k, ...]); the runner expects the final only.
             states = [hidden if k is None else aux[self.omni_aux_layers.index(k)] for k in self.omni_capture.layers]
             states = self.omni_layer_states(self.omni_capture.layers, states)
@@ -349,38 +405,64 @@ class HiddenStateCapture:
         """Hook: adjust the recorded states (one ``[n_tokens, hidden]`` per entry of `layers`)."""
         return states
 
-    def _omni_record(self, hidden: torch.Tensor) -> None:
-        if self.omni_request_order is None:
-            return
+    # --- the running batch, for model classes -------------------------------------------------
+
+    def omni_batch_layout(self) -> list[RequestRows]:
+        """The requests of the current forward pass in row order, each with its rows and positions.
+
+        Call it inside `forward`. Requests without rows this step are left out. Empty where there
+        is no real batch: before `attach_capture`, outside a forward, and in vLLM's dummy and
+        profiling runs (which a model should then run as a plain forward).
+        """
+        if self._omni_request_order is None:
+            return []
         from vllm.forward_context import get_forward_context, is_forward_context_available
 
         if not is_forward_context_available():
-            return
+            return []
         metadata = get_forward_context().attn_metadata
         if isinstance(metadata, list):  # micro-batched: not used on the paths we support
             metadata = metadata[0] if metadata else None
         if not metadata:
-            return  # dummy run (profiling, warm-up)
-        layer_metadata = next(iter(metadata.values()))
-        request_ids = list(self.omni_request_order())
+            return []  # dummy run (profiling, warm-up)
+        request_ids = list(self._omni_request_order())
         if not request_ids:
-            return
+            return []
+        # Every attention layer's metadata describes the same rows; the first one's suffices.
+        layer_metadata = next(iter(metadata.values()))
         n = len(request_ids)
         starts = layer_metadata.query_start_loc[: n + 1].tolist()
-        seq_lens = layer_metadata.seq_lens[:n].tolist()
-        # One copy off the engine's buffers for the whole batch; per-request rows are views of it.
-        block = hidden[: starts[-1]].detach().to("cpu", copy=True)
-        for i, req_id in enumerate(request_ids):
-            count = starts[i + 1] - starts[i]
-            if count:
-                # seq_lens counts tokens computed so far including this step's.
-                self.omni_captured.append(
-                    CapturedRows(req_id, seq_lens[i] - count, block[starts[i] : starts[i + 1]])
-                )
+        seq_lens = layer_metadata.seq_lens[:n].tolist()  # tokens computed so far, this step's included
+        return [
+            RequestRows(req_id, starts[i], starts[i + 1], seq_lens[i] - (starts[i + 1] - starts[i]))
+            for i, req_id in enumerate(request_ids)
+            if starts[i + 1] > starts[i]
+        ]
+
+    def omni_is_greedy(self, req_id: str) -> bool:
+        """Whether vLLM samples request `req_id` greedily (as its sampler decides: temperature ~ 0)."""
+        from vllm.sampling_params import SamplingType
+
+        sampling = self._omni_state(req_id).sampling_params
+        return sampling is None or sampling.sampling_type == SamplingType.GREEDY
+
+    def omni_generator(self, req_id: str) -> torch.Generator | None:
+        """The torch generator vLLM samples request `req_id` with (a seeded request's own), or None."""
+        return self._omni_state(req_id).generator
+
+    def omni_output_token_ids(self, req_id: str) -> Sequence[int]:
+        """The tokens vLLM sampled for request `req_id` in this run so far (read-only: vLLM's list)."""
+        return self._omni_state(req_id).output_token_ids
+
+    def omni_emit_rows(self, req_id: str, start: int, rows: torch.Tensor) -> None:
+        """Send `rows` (consecutive tokens of request `req_id` from position `start`) through the side
+        channel, for a model whose `forward` produces its own per-row output instead of the recorded
+        hidden states; the runtime drains them after the step (`drain_captured`)."""
+        self._omni_captured.append(CapturedRows(req_id, start, rows))
 
     def omni_request_key(self, req_id: str) -> str | None:
         """The stable key of the request with vLLM's internal id `req_id` (None if untagged)."""
-        state = self.omni_request_state(req_id)
+        state = self._omni_request_state(req_id)
         extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
         key = extra.get(REQUEST_KEY_ARG)
         return None if key is None else str(key)
@@ -393,8 +475,27 @@ class HiddenStateCapture:
         return self.omni_side_inputs.setdefault(key, {})
 
     def omni_drain(self) -> list[CapturedRows]:
-        rows, self.omni_captured = self.omni_captured, []
+        """The rows captured since the last drain (the runtime's `drain_captured` calls this)."""
+        rows, self._omni_captured = self._omni_captured, []
         return rows
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _omni_state(self, req_id: str) -> Any:
+        """vLLM's runner state of a request in the batch (`CachedRequestState`)."""
+        state = self._omni_request_state(req_id)
+        if state is None:
+            raise RuntimeError(f"request {req_id} is not in vLLM's batch (finished, or not attached)")
+        return state
+
+    def _omni_record(self, hidden: torch.Tensor) -> None:
+        layout = self.omni_batch_layout()
+        if not layout:
+            return
+        # One copy off the engine's buffers for the whole batch; per-request rows are views of it.
+        block = hidden[: layout[-1].end].detach().to("cpu", copy=True)
+        for req_id, start, end, position in layout:
+            self._omni_captured.append(CapturedRows(req_id, position, block[start:end]))
 
 
 def _attach(worker: Any) -> bool:
@@ -404,10 +505,10 @@ def _attach(worker: Any) -> bool:
         return False
     # Read the persistent batch at forward time: its order is the row order of that forward
     # (the runner reorders it, e.g. decodes first, before building attention metadata).
-    model.omni_request_order = lambda: runner.input_batch.req_ids
-    # Per-request state by internal id (prompt, output ids, SamplingParams.extra_args side
-    # inputs), None once the request finished: for models that need per-request side inputs.
-    model.omni_request_state = lambda req_id: runner.requests.get(req_id)
+    model._omni_request_order = lambda: runner.input_batch.req_ids
+    # Per-request state by internal id (prompt, output ids, sampling parameters and generator),
+    # None once the request finished.
+    model._omni_request_state = lambda req_id: runner.requests.get(req_id)
     return True
 
 

@@ -9,12 +9,16 @@ connector::
         connector_ref = "my_pkg.connector:MyConnector"
         options = {"address": "127.0.0.1:7000"}
         bounded_options = {"capacity_bytes": 4 << 20}   # small enough to fill with 1 MiB payloads
-        cross_process = True                             # also test producers in other processes
 
 Every instance is built as ``Class(**options)``, exactly as producer and consumer processes build
-theirs; override `make_connector` when building needs more (a server to start, say). Cross-process
-tests spawn processes that build their own connector from `connector_ref` and the options, so those
-must be importable and picklable. Needs torch and numpy.
+theirs; override `make_connector` when building needs more (a server to start, say).
+
+As in a deployment, payloads are consumed in another process by default: the test process puts,
+a spawned peer process (one per test class) builds its own connector from `connector_ref` and the
+options, gets, checks and releases; other tests spawn producer processes. `connector_ref`, the
+options and the payload builders must therefore be importable and picklable. A connector whose two
+ends share one instance in one process (``inproc``) sets ``cross_process = False``: its payloads
+are then consumed by the same instance. Needs torch and numpy (``pip install 'omni-core[testing]'``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pickle
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -83,6 +87,15 @@ def transfer_payload(seed: int) -> dict[str, Any]:
     return {**mixed_payload(seed), **large_payload(MIB // 2, seed)}
 
 
+def plain_payload() -> dict[str, Any]:
+    """A payload without tensors (what a text stage sends)."""
+    return {"text": "hello", "token_ids": [1, 2, 3], "final": True}
+
+
+Expected = tuple[Callable[..., Any], tuple[Any, ...]]
+"""A payload as the peer process rebuilds it: a top-level builder and its arguments."""
+
+
 def assert_payload_equal(actual: Any, expected: Any, path: str = "payload") -> None:
     """Exact equality of payloads: same container types, tensor kinds, dtypes, shapes and values."""
     import torch
@@ -134,22 +147,93 @@ def produce_in_child(
         connector.close()
 
 
-def consume_in_child(ref: str, options: dict[str, Any], handles: Any, results: Any) -> None:
-    """Get, check and release every ``(seed, handle)`` until ``None``; report the checked seeds."""
-    connector = load_ref(ref)(**options)
-    checked = []
+def serve_as_peer(ref: str, options: dict[str, Any], bounded_options: dict[str, Any], commands: Any, replies: Any) -> None:
+    """The peer process: run `ConsumerPeer` commands until ``None``, one reply each.
+
+    Builds its connectors (plain and bounded) on first use, from `ref` and the options, exactly as a
+    stage process builds its own.
+    """
+    connectors: dict[bool, Connector] = {}
     try:
-        while (item := handles.get(timeout=60)) is not None:
-            seed, handle = item
-            assert_payload_equal(connector.get(handle), transfer_payload(seed))
-            connector.release(handle)
-            checked.append(seed)
-        results.put(checked)
-    except BaseException as exc:
-        results.put(repr(exc))
-        raise
+        while (command := commands.get()) is not None:
+            op, bounded, handle, expected = command
+            try:
+                if bounded not in connectors:
+                    connectors[bounded] = load_ref(ref)(**{**options, **(bounded_options if bounded else {})})
+                connector = connectors[bounded]
+                if op == "check":
+                    builder, args = expected
+                    assert_payload_equal(connector.get(handle), builder(*args))
+                    connector.release(handle)
+                    replies.put(("ok", None))
+                elif op == "get_fails":
+                    try:
+                        connector.get(handle)
+                    except ConnectorError as exc:
+                        replies.put(("ok", type(exc).__name__))
+                    else:
+                        replies.put(("failed", "get() of a closed producer's handle returned a payload"))
+            except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails with it; keep serving
+                replies.put(("failed", f"{type(exc).__name__}: {exc}"))
     finally:
-        connector.close()
+        for connector in connectors.values():
+            connector.close()
+
+
+class ConsumerPeer:
+    """A spawned process that consumes handles with its own connector, as a downstream stage would.
+
+    `check` sends a handle (the peer gets it, compares it with the expected payload, releases it);
+    `wait` collects one reply per command, in order, and raises on a failed one.
+    """
+
+    def __init__(self, ref: str, options: dict[str, Any], bounded_options: dict[str, Any]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._commands = context.Queue()
+        self._replies = context.Queue()
+        self._sent = 0
+        self.process = context.Process(
+            target=serve_as_peer, args=(ref, options, bounded_options, self._commands, self._replies), daemon=True
+        )
+        self.process.start()
+
+    def check(self, handle: Any, expected: Expected, bounded: bool = False) -> None:
+        """Have the peer get `handle`, compare it with ``builder(*args)`` and release it."""
+        self._send(("check", bounded, handle, expected))
+
+    def get_fails(self, handle: Any) -> None:
+        """Have the peer check that getting `handle` raises a `ConnectorError`."""
+        self._send(("get_fails", False, handle, None))
+
+    def wait(self, timeout: float = 120) -> list[Any]:
+        """Every outstanding reply, in order; a failed command fails the calling test."""
+        results, failures = [], []
+        deadline = time.monotonic() + timeout
+        while self._sent:  # every reply is read, so a failure never leaks into the next test
+            try:
+                status, detail = self._replies.get(timeout=1)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    pytest.fail(f"the consumer peer process died (exit code {self.process.exitcode})")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the consumer peer process did not answer within {timeout} s")
+                continue
+            self._sent -= 1
+            (results if status == "ok" else failures).append(detail)
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            pytest.fail(f"in the consumer peer process: {failures[0]}{more}")
+        return results
+
+    def stop(self) -> None:
+        self._commands.put(None)
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+    def _send(self, command: tuple[Any, ...]) -> None:
+        self._commands.put(command)
+        self._sent += 1
 
 
 # -- the suite --------------------------------------------------------------------------------------
@@ -162,7 +246,8 @@ class ConnectorContract:
     options: ClassVar[dict[str, Any]] = {}
     bounded_options: ClassVar[dict[str, Any]] = {}
     """Options that make capacity small enough to fill with a few 1 MiB payloads (< 64 of them)."""
-    cross_process: ClassVar[bool] = False
+    cross_process: ClassVar[bool] = True
+    """False only for connectors whose two ends live in one process (``inproc``)."""
     shared_instance: ClassVar[bool] = False
     """True for connectors whose two ends must share one instance (in-process connectors)."""
     large_bytes: ClassVar[int] = 64 * MIB
@@ -184,31 +269,49 @@ class ConnectorContract:
         yield connector
         connector.close()
 
-    # -- same process ---------------------------------------------------------------------------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def peer(cls) -> Iterator[ConsumerPeer | None]:
+        """The class's consumer process (None where the connector does not cross processes)."""
+        if not cls.cross_process:
+            yield None
+            return
+        if cls.shared_instance:
+            pytest.fail("a shared_instance connector cannot cross processes: set cross_process = False")
+        peer = ConsumerPeer(cls.connector_ref, dict(cls.options), dict(cls.bounded_options))
+        try:
+            yield peer
+        finally:
+            peer.stop()
 
-    def test_round_trip_mixed_payload(self, connector: Connector) -> None:
-        handle = connector.put(mixed_payload(3))
-        assert_payload_equal(connector.get(handle), mixed_payload(3))
-        connector.release(handle)
+    def consume(self, peer: ConsumerPeer | None, connector: Connector, handles: list[Any], expected: list[Expected]) -> None:
+        """Get, check and release `handles` in order: in the peer process, or here when there is none."""
+        if peer is None:
+            for handle, (builder, args) in zip(handles, expected):
+                assert_payload_equal(connector.get(handle), builder(*args))
+                connector.release(handle)
+            return
+        for handle, item in zip(handles, expected):
+            peer.check(handle, item)
+        peer.wait()
 
-    def test_payload_without_tensors(self, connector: Connector) -> None:
-        payload = {"text": "hello", "token_ids": [1, 2, 3], "final": True}
-        handle = connector.put(payload)
-        assert_payload_equal(connector.get(handle), payload)
-        connector.release(handle)
+    # -- a producer here, the consumer in the peer process (or here, for in-process connectors) ---
 
-    def test_ordering(self, connector: Connector) -> None:
+    def test_round_trip_mixed_payload(self, connector: Connector, peer: ConsumerPeer | None) -> None:
+        self.consume(peer, connector, [connector.put(mixed_payload(3))], [(mixed_payload, (3,))])
+
+    def test_payload_without_tensors(self, connector: Connector, peer: ConsumerPeer | None) -> None:
+        self.consume(peer, connector, [connector.put(plain_payload())], [(plain_payload, ())])
+
+    def test_ordering(self, connector: Connector, peer: ConsumerPeer | None) -> None:
         handles = [connector.put(mixed_payload(seed)) for seed in range(24)]
-        for seed, handle in enumerate(handles):
-            assert_payload_equal(connector.get(handle), mixed_payload(seed))
-        for handle in handles:
-            connector.release(handle)
+        self.consume(peer, connector, handles, [(mixed_payload, (seed,)) for seed in range(24)])
 
-    def test_large_tensor(self, connector: Connector) -> None:
-        payload = large_payload(self.large_bytes, seed=7)
-        handle = connector.put(payload)
-        assert_payload_equal(connector.get(handle), payload)
-        connector.release(handle)
+    def test_large_tensor(self, connector: Connector, peer: ConsumerPeer | None) -> None:
+        handle = connector.put(large_payload(self.large_bytes, seed=7))
+        self.consume(peer, connector, [handle], [(large_payload, (self.large_bytes, 7))])
+
+    # -- one process ------------------------------------------------------------------------------
 
     def test_full_put_times_out_and_release_frees_capacity(self, bounded: Connector) -> None:
         payload = large_payload(MIB)
@@ -281,7 +384,7 @@ class ConnectorContract:
             if consumer is not connector:
                 consumer.close()
 
-    def test_close(self) -> None:
+    def test_close(self, peer: ConsumerPeer | None) -> None:
         producer = self.make_connector()
         consumer = self.make_connector()
         handle = producer.put(mixed_payload(1))
@@ -300,12 +403,17 @@ class ConnectorContract:
                 later.get(handle)
         finally:
             later.close()
+        if peer is not None:  # ... in other processes too
+            peer.get_fails(handle)
+            peer.wait()
 
     # -- across processes -----------------------------------------------------------------------
 
     def _context(self) -> multiprocessing.context.SpawnContext:
         if not self.cross_process:
             pytest.skip("connector does not cross processes (cross_process = False)")
+        if self.shared_instance:
+            pytest.fail("a shared_instance connector cannot cross processes: set cross_process = False")
         return multiprocessing.get_context("spawn")
 
     def test_concurrent_producer_processes(self) -> None:
@@ -343,27 +451,14 @@ class ConnectorContract:
         assert seen == {p * 1000 + i for p in range(producers) for i in range(per_producer)}
         assert all(process.exitcode == 0 for process in processes)
 
-    def test_consumer_process_releases_producer_capacity(self) -> None:
-        context = self._context()
-        handles = context.Queue()
-        results = context.Queue()
+    def test_consumer_process_releases_producer_capacity(self, peer: ConsumerPeer | None) -> None:
+        self._context()
+        assert peer is not None
         producer = self.make_connector(bounded=True)
-        consumer = context.Process(
-            target=consume_in_child,
-            args=(self.connector_ref, {**self.options, **self.bounded_options}, handles, results),
-            daemon=True,
-        )
-        consumer.start()
         try:
-            # Twice the capacity: the puts only succeed if the child's releases free pages here.
-            sent = []
+            # Twice the capacity: the puts only succeed if the peer's releases free pages here.
             for seed in range(24):
-                handles.put((seed, producer.put(transfer_payload(seed), timeout=60)))
-                sent.append(seed)
-            handles.put(None)
-            checked = results.get(timeout=120)
-            consumer.join(30)
+                peer.check(producer.put(transfer_payload(seed), timeout=60), (transfer_payload, (seed,)), bounded=True)
+            assert len(peer.wait()) == 24
         finally:
             producer.close()
-        assert checked == sent, checked
-        assert consumer.exitcode == 0

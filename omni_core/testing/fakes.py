@@ -16,6 +16,7 @@ import attrs
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
+from omni_core.parts import InputProcessor, PartContext
 from omni_core.stages.base import ProgressCallback, StageRuntime
 
 
@@ -142,12 +143,12 @@ def passthrough_pipeline(
     )
 
 
-class LoadingProcessor:
+class LoadingProcessor(InputProcessor):
     """An input processor with a ``load()`` (as one that loads a tokenizer): it records the thread
     that loaded it, and refuses requests before that."""
 
-    def __init__(self, pipeline: ResolvedPipeline) -> None:
-        self.pipeline = pipeline
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
         self.loaded_in: str | None = None
 
     def load(self) -> None:
@@ -155,10 +156,10 @@ class LoadingProcessor:
 
         self.loaded_in = threading.current_thread().name
 
-    def __call__(self, request: Any) -> dict[str, StageInput]:
+    def process(self, request: Any) -> dict[str, StageInput]:
         if self.loaded_in is None:
             raise RuntimeError("the input processor was called before load()")
-        return {self.pipeline.stages[0].name: StageInput(data={"prompt": request.prompt})}
+        return {self.context.pipeline.stages[0].name: StageInput(data={"prompt": request.prompt})}
 
 
 class FailingLoadProcessor(LoadingProcessor):
@@ -168,11 +169,8 @@ class FailingLoadProcessor(LoadingProcessor):
         raise OSError("tokenizer.json is unreadable (on purpose)")
 
 
-class ParamsForLaterStages:
+class ParamsForLaterStages(InputProcessor):
     """An input processor that also sets parameters of a non-entry stage (``s1``: repeat twice)."""
 
-    def __init__(self, pipeline: ResolvedPipeline) -> None:
-        self.pipeline = pipeline
-
-    def __call__(self, request: Any) -> dict[str, StageInput]:
+    def process(self, request: Any) -> dict[str, StageInput]:
         return {"s0": StageInput(data={"prompt": request.prompt}), "s1": StageInput(params={"repeat": 2})}

@@ -33,11 +33,12 @@ import attrs
 import numpy as np
 import torch
 
-from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, MissingDependencyError
+from omni_core.parts import PartContext
 from omni_core.stages import diffusion_cache
 from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+from omni_cosmos3 import diffusers_private
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
 from omni_cosmos3.scheduling import scheduler_step
@@ -45,13 +46,18 @@ from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
 from omni_cosmos3.vae2d import SingleFrameDecoder
 
 
+DIFFUSERS_REQUIREMENT = "diffusers>=0.40,<0.43"
+"""The diffusers versions this plugin was checked against (as its pyproject.toml pins them)."""
+
+
 class Cosmos3Model(DiffusionModel):
-    """The ``generator`` stage's model part (also its factory: ``Cosmos3Model(pipeline, stage)``)."""
+    """The ``generator`` stage's model part (also its factory: ``Cosmos3Model(context)``)."""
 
     max_steps = 1000
 
-    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> None:
-        self.path = Path(pipeline.model_path)
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        self.path = Path(context.model_path)
         self.pipe: Any = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -68,7 +74,7 @@ class Cosmos3Model(DiffusionModel):
         try:
             from diffusers import Cosmos3OmniPipeline
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise MissingDependencyError(f"Cosmos3 needs diffusers>=0.42: pip install 'diffusers>=0.42' ({exc})") from None
+            raise MissingDependencyError(f"Cosmos3 needs diffusers: pip install '{DIFFUSERS_REQUIREMENT}' ({exc})") from None
 
         self.dtype = getattr(torch, spec.dtype)
         kwargs: dict[str, Any] = {"enable_safety_checker": False}
@@ -164,8 +170,7 @@ class Cosmos3Model(DiffusionModel):
 
     def _action_request(self, request: Request) -> tuple[Request, Conditioning]:
         """Validate an action request against the checkpoint; size it and lay out its frames (no encode yet)."""
-        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_RESOLUTION_BINS, CosmosActionCondition
-        from diffusers.video_processor import VideoProcessor
+        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
 
         spec: ActionSpec = request.action
         if not self.has_actions:
@@ -188,17 +193,12 @@ class Cosmos3Model(DiffusionModel):
                 f"has {config.action_dim}: pick an embodiment it was trained on",
                 param="domain",
             )
-        pipe = self.pipe
-        clip = list(spec.frames)
-        probe = pipe.video_processor.preprocess_video(clip)
-        height, width = VideoProcessor.classify_height_width_bin(
-            int(probe.shape[-2]), int(probe.shape[-1]), ratios=_ACTION_RESOLUTION_BINS[str(spec.resolution_tier)]
-        )
-        pixels, image_size, _, _ = pipe._prepare_action_video_conditioning(
-            clip, spec.resolution_tier, spec.chunk_size + 1, device=self.device, dtype=torch.float32
+        # The tier's canvas: the request's size, as the pipeline sizes an action run.
+        pixels, image_size, height, width = diffusers_private.prepare_action_video_conditioning(
+            self.pipe, list(spec.frames), spec.resolution_tier, spec.chunk_size + 1, device=self.device, dtype=torch.float32
         )
         request = attrs.evolve(request, width=int(width), height=int(height), num_frames=spec.chunk_size + 1)
-        return request, Conditioning(pixels, image_size)
+        return request, Conditioning(pixels, image_size, raw_dim=int(condition.raw_action_dim))
 
     def _new_state(
         self, request: Request, cond_ids: list[int], uncond_ids: list[int], seed: int, conditioning: Conditioning | None = None
@@ -228,7 +228,10 @@ class Cosmos3Model(DiffusionModel):
             latents = randn_tensor(latent_shape, generator=generator, device=self.device, dtype=torch.float32)
         sound = None
         if request.sound:
-            hop = pipe.sound_tokenizer._hop_size
+            # The tokenizer's hop (its documented default: the product of its decoder strides).
+            tokenizer_config = pipe.sound_tokenizer.config
+            hop_size = tokenizer_config.hop_size
+            hop = int(hop_size) if hop_size is not None else math.prod(tokenizer_config.dec_strides)
             samples = int(request.num_frames / request.fps * pipe.sound_tokenizer.config.sampling_rate)
             sound_shape = (int(self.transformer.config.sound_dim), (samples + hop - 1) // hop)
             sound = randn_tensor(sound_shape, generator=generator, device=self.device, dtype=torch.float32)
@@ -254,8 +257,6 @@ class Cosmos3Model(DiffusionModel):
         )
 
     def _new_actions(self, request: Request, latent_t: int, conditioning: Conditioning, generator: torch.Generator) -> Actions:
-        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID, _EMBODIMENT_TO_RAW_ACTION_DIM
-
         spec = request.action
         noisy = torch.ones(latent_t, device=self.device)
         if request.task == "policy":
@@ -263,8 +264,8 @@ class Cosmos3Model(DiffusionModel):
         else:  # inverse_dynamics: every frame is given, only the actions are generated
             noisy.zero_()
         return Actions(
-            domain_id=_EMBODIMENT_TO_DOMAIN_ID[spec.domain],
-            raw_dim=_EMBODIMENT_TO_RAW_ACTION_DIM[spec.domain],
+            domain_id=diffusers_private.embodiment_domain_id(spec.domain),
+            raw_dim=conditioning.raw_dim,
             length=spec.chunk_size,
             noisy_frames=noisy,
             conditioning=conditioning,
@@ -363,11 +364,10 @@ class Cosmos3Model(DiffusionModel):
         """Encode the conditioning frames (once per request) and draw the initial vision and action noise."""
         from diffusers.utils.torch_utils import randn_tensor
 
-        pipe, actions = self.pipe, state.actions
+        actions = state.actions
         conditioning = actions.conditioning
         if conditioning.latents is None:
-            encoded = pipe._encode_video(conditioning.pixels).contiguous().float()
-            conditioning.latents = pipe._remove_action_video_padding_from_latent(encoded, conditioning.image_size)
+            conditioning.latents = self._encode_conditioning(conditioning.pixels, conditioning.image_size)
             conditioning.pixels = None
         x0 = conditioning.latents
         if tuple(x0.shape) != tuple(state.latents.shape):
@@ -380,6 +380,29 @@ class Cosmos3Model(DiffusionModel):
         latents = randn_tensor(shape, generator=actions.generator, device=self.device, dtype=torch.float32)
         latents[:, actions.raw_dim :] = 0
         actions.latents = latents
+
+    def _encode_conditioning(self, pixels: torch.Tensor, image_size: torch.Tensor) -> torch.Tensor:
+        """Normalised latents of the conditioning frames, the canvas padding cut off: what the
+        pipeline's ``_encode_video`` and ``_remove_action_video_padding_from_latent`` give, from
+        the VAE's public encode and config."""
+        vae = self.pipe.vae
+        mu = vae.encode(pixels.to(vae.dtype)).latent_dist.mode()
+        mean, inv_std = self._latent_stats(mu.device, vae.dtype)
+        latents = ((mu - mean) * inv_std).to(pixels.dtype).float()
+        height = max(int(image_size[2].item()) // self.sf_spatial, 1)
+        width = max(int(image_size[3].item()) // self.sf_spatial, 1)
+        return latents[:, :, :, :height, :width].contiguous()
+
+    def _latent_stats(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE latents' mean and inverse std ([1, C, 1, 1, 1]) from its config, computed in the
+        VAE's dtype as the pipeline does when it is built, then moved to `device` / `dtype`."""
+        vae = self.pipe.vae
+        mean = torch.tensor(vae.config.latents_mean, dtype=vae.dtype)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std, dtype=vae.dtype)
+        return (
+            mean.to(device=device, dtype=dtype).view(1, -1, 1, 1, 1),
+            inv_std.to(device=device, dtype=dtype).view(1, -1, 1, 1, 1),
+        )
 
     # -- one denoising step for a group ------------------------------------------------------------
 
@@ -522,8 +545,7 @@ class Cosmos3Model(DiffusionModel):
         pipe = self.pipe
         vae_dtype = pipe.vae.dtype
         latents = torch.cat([s.state.latents for s in samples])
-        mean = pipe._vae_latents_mean.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
-        inv_std = pipe._vae_latents_inv_std.to(device=latents.device, dtype=vae_dtype).view(1, -1, 1, 1, 1)
+        mean, inv_std = self._latent_stats(latents.device, vae_dtype)
         decoded = self.vae_decode(latents.to(vae_dtype) / inv_std + mean).to(latents.dtype)
         frames = pipe.video_processor.postprocess_video(decoded, output_type="pt")  # [S, T, 3, H, W] in [0, 1]
         # The pipeline's rounding of its float32 frames to 8 bits, done where the frames are: the same

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from omni_core.config.pipeline import PipelineConfig, StageSpec
-from omni_core.config.resolved import ResolvedPipeline
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
+from omni_core.parts import InputProcessor
 
 STAGE = "generator"
 DEFAULT_DEPLOY = "omni_cosmos3:deploy/default.yaml"
@@ -55,19 +55,16 @@ def task_for(modalities: tuple[str, ...], has_video: bool = False) -> str:
     return "t2i"
 
 
-class Cosmos3InputProcessor:
+class Cosmos3InputProcessor(InputProcessor):
     """Request -> the ``generator`` stage's input: the prompt, the task and the request fields."""
 
-    def __init__(self, pipeline: ResolvedPipeline) -> None:
-        self.default_modalities = pipeline.default_modalities
-
-    def __call__(self, request: Any) -> dict[str, StageInput]:
+    def process(self, request: Any) -> dict[str, StageInput]:
         prompt = request.prompt
         if prompt is None and request.messages:
             prompt = _last_user_text(request.messages)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("Cosmos3 needs a text prompt", param="prompt")
-        modalities = tuple(request.modalities or self.default_modalities)
+        modalities = tuple(request.modalities or self.context.pipeline.default_modalities)
         data: dict[str, Any] = {"prompt": prompt, "task": task_for(modalities, request.extra.get("video") is not None)}
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:

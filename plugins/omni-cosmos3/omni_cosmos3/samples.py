@@ -26,10 +26,12 @@ class Row:
 
 @attrs.define(eq=False)
 class Conditioning:
-    """A request's conditioning frames: padded pixels until `start` encodes them, then clean latents."""
+    """A request's action condition: its conditioning frames (padded pixels until `start` encodes
+    them, then clean latents) and its embodiment's action width."""
 
     pixels: torch.Tensor | None  # [1, 3, T, H, W] in [-1, 1], the tier's canvas
     image_size: torch.Tensor  # [canvas_h, canvas_w, content_h, content_w]
+    raw_dim: int  # the embodiment's action width (diffusers' CosmosActionCondition.raw_action_dim)
     latents: torch.Tensor | None = None  # [1, C, T, h, w]: the content part of the encoded canvas
 
 

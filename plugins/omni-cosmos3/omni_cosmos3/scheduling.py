@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from omni_cosmos3 import diffusers_private
+
 
 def scheduler_step(scheduler: Any, model_output: torch.Tensor, timestep: Any, sample: torch.Tensor) -> torch.Tensor:
     """``scheduler.step(model_output, timestep, sample, return_dict=False)[0]``, for UniPC without device waits."""
@@ -26,7 +28,7 @@ def scheduler_step(scheduler: Any, model_output: torch.Tensor, timestep: Any, sa
     if not isinstance(s, UniPCMultistepScheduler) or s.solver_p is not None or not s.predict_x0:
         return s.step(model_output, timestep, sample, return_dict=False)[0]
     if s.step_index is None:
-        s._init_step_index(timestep)
+        diffusers_private.init_step_index(s, timestep)
     use_corrector = s.step_index > 0 and s.step_index - 1 not in s.disable_corrector and s.last_sample is not None
     converted = s.convert_model_output(model_output, sample=sample)
     if use_corrector:  # UniC: corrects the previous prediction with this step's model output
@@ -44,7 +46,7 @@ def scheduler_step(scheduler: Any, model_output: torch.Tensor, timestep: Any, sa
     prev_sample = _update(s, s.step_index + 1, sample, s.this_order)  # UniP: predicts the next sample
     if s.lower_order_nums < s.config.solver_order:
         s.lower_order_nums += 1
-    s._step_index += 1
+    diffusers_private.advance_step_index(s)
     return prev_sample
 
 
@@ -52,15 +54,15 @@ def _update(s: Any, t: int, x: torch.Tensor, order: int, model_t: torch.Tensor |
     """From sigma index ``t - 1`` to ``t``: `multistep_uni_p_bh_update` or, given this step's converted
     output `model_t`, `multistep_uni_c_bh_update` (which corrects `x`, the sample the last step started from)."""
     sigmas = s.sigmas.cpu()
-    alpha_t, sigma_t = s._sigma_to_alpha_sigma_t(sigmas[t])
-    alpha_s0, sigma_s0 = s._sigma_to_alpha_sigma_t(sigmas[t - 1])
+    alpha_t, sigma_t = diffusers_private.sigma_to_alpha_sigma_t(s, sigmas[t])
+    alpha_s0, sigma_s0 = diffusers_private.sigma_to_alpha_sigma_t(s, sigmas[t - 1])
     lambda_t = torch.log(alpha_t) - torch.log(sigma_t)
     lambda_s0 = torch.log(alpha_s0) - torch.log(sigma_s0)
     h = lambda_t - lambda_s0
     m0 = s.model_outputs[-1]
     rks, d1s = [], []
     for i in range(1, order):
-        alpha_si, sigma_si = s._sigma_to_alpha_sigma_t(sigmas[t - 1 - i])
+        alpha_si, sigma_si = diffusers_private.sigma_to_alpha_sigma_t(s, sigmas[t - 1 - i])
         lambda_si = torch.log(alpha_si) - torch.log(sigma_si)
         rk = (lambda_si - lambda_s0) / h
         rks.append(rk)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from omni_cosmos3 import diffusers_private
+
 
 class SingleFrameDecoder:
     """``vae.decode(z).sample`` for an `AutoencoderKLWan`, in 2-D when `z` has one latent frame.
@@ -33,7 +35,7 @@ class SingleFrameDecoder:
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         vae = self.vae
-        if self._convs is None or z.shape[2] != 1 or vae.use_tiling or vae.use_slicing or hasattr(vae, "_hf_hook"):
+        if self._convs is None or z.shape[2] != 1 or vae.use_tiling or vae.use_slicing or diffusers_private.has_offload_hook(vae):
             return vae.decode(z).sample
         return self.decode(z)
 
@@ -82,7 +84,7 @@ def _prepare(vae: Any) -> dict[Any, tuple[torch.Tensor, tuple[int, int]]] | None
     prepared = {}
     with torch.no_grad():
         for conv in convs:
-            pad_w, _, pad_h, _, pad_t, _ = conv._padding
+            pad_w, _, pad_h, _, pad_t, _ = diffusers_private.causal_conv_padding(conv)
             # With `pad_t` zero frames in front, the real frame meets only the last tap.
             if (conv.kernel_size[0] - 1) * conv.dilation[0] != pad_t:
                 return None

@@ -210,7 +210,7 @@ def test_int8_quantization_stays_close(pipeline):
     item = request("a red apple on a table", seed=7, steps=4)
     plain = run(make_runtime(pipeline, admission_window_ms=0.0), {"r": item})["r"]
     quantized_pipeline = resolve(MODEL, overrides=[*INLINE, "generator.quantization=int8"])
-    assert quantized_pipeline.stage("generator").quantization_ref == "omni_core.quantization:resolve_int8"
+    assert quantized_pipeline.stage("generator").quantization == {"method": "int8_weight_only", "min_features": 64}
     runtime = make_runtime(quantized_pipeline, admission_window_ms=0.0)
     quantized = run(runtime, {"r": item})["r"]
     names = {type(m).__name__ for m in runtime.model.transformer.layers.modules()}

@@ -16,12 +16,12 @@ import logging
 from typing import TYPE_CHECKING, Any, Sequence
 
 from omni_core.errors import InvalidRequestError
+from omni_core.parts import PartContext
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
 
 if TYPE_CHECKING:
     import torch
 
-    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,11 @@ class Code2WavModel(GenerationModel):
     # gives the runtime's layout room for the samples the previous chunk held back (`trimmed_samples`).
     left_context = 1
 
-    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage | None = None) -> None:
+    def __init__(self, context: PartContext) -> None:
         from omni_qwen3.talker import read_config
 
-        self.model_path = pipeline.model_path
+        super().__init__(context)
+        self.model_path = context.model_path
         config = read_config(self.model_path)["code2wav_config"]
         self.num_quantizers = int(config["num_quantizers"])
         self.codebook_size = int(config["codebook_size"])
@@ -58,7 +59,7 @@ class Code2WavModel(GenerationModel):
         self.samples_per_frame = total
         self.extra_outputs = {"sample_rate": SAMPLE_RATE}
         self.model: Any = None
-        self.compile = bool(stage.options.get("compile")) if stage is not None else False
+        self.compile = bool(context.stage.options.get("compile")) if context.stage is not None else False
         self.pre: Any = None  # PreTransformer over the loaded model
         self.stack: Any = None  # ConvStack over the loaded model
         self._streams: dict[str, Any] = {}  # request id -> StreamState between chunks
@@ -175,8 +176,3 @@ class Code2WavModel(GenerationModel):
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-
-
-def code2wav_model(pipeline: ResolvedPipeline, stage: ResolvedStage) -> Code2WavModel:
-    """The code2wav stage's model part factory (one per replica)."""
-    return Code2WavModel(pipeline, stage)

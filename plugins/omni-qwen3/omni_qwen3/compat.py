@@ -14,8 +14,11 @@ name that could not be imported at all. Video processors stay unavailable: video
 by the input processor with a clear error.
 
 Where it runs: `install()` is called by the thinker's model part before vLLM imports the model
-class, and by vLLM itself in each of its processes through the ``vllm.general_plugins`` entry point
-(`vllm_plugin`), which covers vLLM's model-inspection subprocess.
+class, and by vLLM itself through the ``vllm.general_plugins`` entry point (`vllm_plugin`), which
+covers vLLM's model-inspection subprocess. vLLM runs that entry point in every process where it
+loads plugins, a user's own vLLM process too; there it does nothing: the alias is installed only
+in processes Omni runs vLLM in, or that were started from one
+(`omni_core.stages.vllm_bridge.omni_started_process`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import importlib
 import importlib.util
 import sys
 import types
+
+from omni_core.stages.vllm_bridge import omni_started_process
 
 TORCHVISION_IMAGE_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
 PIL_IMAGE_MODULE = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
@@ -62,5 +67,10 @@ def install() -> bool:
 
 
 def vllm_plugin() -> None:
-    """vLLM ``general_plugins`` entry point: runs in every vLLM process before models load."""
-    install()
+    """vLLM ``general_plugins`` entry point: runs in every vLLM process before models load.
+
+    Installs the alias (`install`) only in processes Omni runs vLLM in (and their children, such
+    as vLLM's inspection subprocess); any other process is left as it was.
+    """
+    if omni_started_process():
+        install()

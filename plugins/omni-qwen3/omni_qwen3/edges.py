@@ -34,12 +34,12 @@ import attrs
 
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
+from omni_core.parts import EdgeAdapter, PartContext
 from omni_qwen3.talker import ASSISTANT_PREFIX
 
 if TYPE_CHECKING:
     import torch
 
-    from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline
     from omni_qwen3.talker import TalkerWeights
 
 
@@ -180,7 +180,7 @@ def talker_positions(config: dict[str, Any], input_ids: torch.Tensor, grids: dic
     return positions[:, 0].round().long(), int(delta.view(-1)[0])
 
 
-class ThinkerToTalker:
+class ThinkerToTalker(EdgeAdapter):
     """Edge adapter thinker -> talker: collects the thinker's rows, streams the talker's input.
 
     The talker's input starts once the thinker's prompt rows and first generated token arrived (or
@@ -188,12 +188,13 @@ class ThinkerToTalker:
     the last one ``tts_eos``). With one final thinker chunk (streaming off) it is one final input.
     """
 
-    def __init__(self, pipeline: ResolvedPipeline, edge: ResolvedEdge | None = None) -> None:
+    def __init__(self, context: PartContext) -> None:
         from omni_qwen3.talker import TalkerWeights
 
+        super().__init__(context)
         # Loaded with the talker's worker, not by its first request (the thinker's embedding table
         # alone is hundreds of MB in the released checkpoint).
-        self.weights = TalkerWeights(pipeline.model_path)
+        self.weights = TalkerWeights(context.model_path)
 
     def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
         import torch

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 from omni_core.config.modelref import read_hf_config
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
+from omni_core.parts import InputProcessor, PartContext
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from omni_core.config.resolved import ResolvedPipeline
     from omni_core.engine.request import OmniRequest
     from omni_qwen3.video import DecodedVideo, QwenVideoProcessor
 
@@ -49,14 +49,16 @@ THINKER = "thinker"
 TALKER = "talker"
 
 
-class Qwen3OmniInputProcessor:
+class Qwen3OmniInputProcessor(InputProcessor):
     """Turns requests into stage inputs for the ``thinker`` (and the voice for the ``talker``).
 
     Built once per engine from the resolved pipeline (the tokenizer loads with the engine, `load`;
     media processor settings on first use); called in a worker thread per request.
     """
 
-    def __init__(self, pipeline: ResolvedPipeline) -> None:
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        pipeline = context.pipeline
         self.pipeline = pipeline
         self.model_path = pipeline.model_path
         self.config = read_hf_config(pipeline.model_path)
@@ -71,7 +73,7 @@ class Qwen3OmniInputProcessor:
 
     # -- the request -----------------------------------------------------------------------------
 
-    def __call__(self, request: OmniRequest) -> dict[str, StageInput]:
+    def process(self, request: OmniRequest) -> dict[str, StageInput]:
         modalities = tuple(request.modalities or self.pipeline.default_modalities)
         messages = self._messages(request)
         audio_in_video = _use_audio_in_video(request)

@@ -38,7 +38,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     thinker = StageSpec(
         name="thinker",
         kind="ar",
-        model="omni_qwen3.thinker:thinker_model",
+        model="omni_qwen3.thinker:ThinkerModel",
         output="text",
         final=thinker_only,
         params={"max_tokens": THINKER_MAX_TOKENS, "stop_token_ids": [_im_end_id(model_path, hf_config)]},
@@ -55,7 +55,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     talker = StageSpec(
         name="talker",
         kind="ar",
-        model="omni_qwen3.talker:talker_model",
+        model="omni_qwen3.talker:TalkerModel",
         inputs=(EdgeSpec("thinker", adapter="omni_qwen3.edges:ThinkerToTalker"),),
         output=None,
         # transformers' `generate` samples the talker with temperature 0.9 and top_k 50 by default. Its
@@ -70,7 +70,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     code2wav = StageSpec(
         name="code2wav",
         kind="generation",
-        model="omni_qwen3.code2wav:code2wav_model",
+        model="omni_qwen3.code2wav:Code2WavModel",
         inputs=(EdgeSpec("talker"),),
         output="audio",
         final=True,

@@ -13,7 +13,9 @@ FAMILY = PipelineFamily(
     architectures=("Qwen3OmniMoeForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
     model_types=("qwen3_omni_moe",),
     make_tiny="omni_qwen3.tiny:make_tiny",
-    tiny_format=2,  # 2: thinker_config has audio_end_token_id / vision_end_token_id (use_audio_in_video)
+    # 2: thinker_config has audio_end_token_id / vision_end_token_id (use_audio_in_video);
+    # 3: the talker ends its speech on its own (codec EOS after 45-49 frames, omni_qwen3.tiny.SPEECH_FRAMES).
+    tiny_format=3,
     description="Qwen3-Omni (thinker -> talker -> code2wav): text, audio and image in; text and speech out",
 )
 

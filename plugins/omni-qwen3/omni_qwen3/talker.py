@@ -15,17 +15,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.outputs import Payload, StageInput
+from omni_core.parts import PartContext
 from omni_core.stages.ar_model import ARDelta, ARModel
 
 if TYPE_CHECKING:
     import torch
     from vllm import SamplingParams
-
-    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 
 DEFAULT_SPEAKER = "Ethan"
 # Request parameters of the talker that are not vLLM sampling parameters.
@@ -137,7 +134,6 @@ class TalkerWeights:
         return self._thinker_embedding[torch.as_tensor(ids, dtype=torch.long)]
 
 
-@attrs.define
 class TalkerModel(ARModel):
     """The talker stage's `ARModel`: prompt rows and streamed trailing text, ``codes`` chunks.
 
@@ -153,12 +149,15 @@ class TalkerModel(ARModel):
     and the speaker (the ``speaker`` parameter) reach the model class as side inputs.
     """
 
-    skip_tokenizer_init: bool = True
-    enable_prompt_embeds: bool = True
-    capture_hidden_states: bool = True
-    streamed_input: bool = True
-    resumable: bool = True
-    _config: dict[str, Any] | None = attrs.field(default=None, init=False)
+    skip_tokenizer_init = True
+    enable_prompt_embeds = True
+    capture_hidden_states = True
+    streamed_input = True
+    resumable = True
+
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        self._config = read_config(context.model_path)
 
     def register(self) -> None:
         from omni_core.stages import vllm_bridge
@@ -166,18 +165,16 @@ class TalkerModel(ARModel):
 
         vllm_bridge.register_architectures({ARCHITECTURE: "omni_qwen3.talker_model:Qwen3OmniTalkerForCausalLM"})
 
-    def engine_args(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, Any]:
+    def engine_args(self) -> dict[str, Any]:
         from omni_qwen3.talker_model import talker_hf_config
 
-        args = super().engine_args(pipeline, stage)
-        self._config = read_config(str(args["model"]))
+        args = super().engine_args()
         # A callable: the talker is a sub-config of the one checkpoint's config.
         args["hf_overrides"] = talker_hf_config
         return args
 
     def config(self) -> dict[str, Any]:
-        if self._config is None:
-            raise RuntimeError("the talker model part is not loaded: engine_args() reads the checkpoint first")
+        """The checkpoint's config.json."""
         return self._config
 
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
@@ -228,16 +225,14 @@ class TalkerModel(ARModel):
 
         params = dict(params)
         speaker = params.pop(SPEAKER_PARAM, None)
-        config = self._config
-        if config is not None:
-            talker = config["talker_config"]
-            if speaker is not None:
-                speaker_id(config, speaker)  # reject an unknown speaker before anything starts
-            eos = int(talker["codec_eos_token_id"])
-            vocab = int(talker["text_config"]["vocab_size"])
-            params["stop_token_ids"] = sorted({eos, *(params.get("stop_token_ids") or [])})
-            if params.get("allowed_token_ids") is None:
-                params["allowed_token_ids"] = [*range(vocab - SUPPRESSED_TAIL), eos]
+        talker = self._config["talker_config"]
+        if speaker is not None:
+            speaker_id(self._config, speaker)  # reject an unknown speaker before anything starts
+        eos = int(talker["codec_eos_token_id"])
+        vocab = int(talker["text_config"]["vocab_size"])
+        params["stop_token_ids"] = sorted({eos, *(params.get("stop_token_ids") or [])})
+        if params.get("allowed_token_ids") is None:
+            params["allowed_token_ids"] = [*range(vocab - SUPPRESSED_TAIL), eos]
         return build_sampling_params(params, delta=delta)
 
     def chunk_data(self, delta: ARDelta) -> Payload:
@@ -256,7 +251,3 @@ class TalkerModel(ARModel):
             data["finish_reason"] = delta.finish_reason
         return data
 
-
-def talker_model() -> TalkerModel:
-    """The talker stage's model part (a fresh instance per stage replica)."""
-    return TalkerModel()

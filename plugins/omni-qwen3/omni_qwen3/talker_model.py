@@ -21,7 +21,7 @@ vLLM samples codebook 0; this class adds what a codec frame needs on top, inside
 - The prompt arrives as placeholder token ids (a resumable request, a vLLM streaming-input session,
   takes no embeddings prompt): its rows come from the side inputs (``prompt_embeds``, plus the
   speaker's codec embedding in ``speaker_row``).
-- Each row's frame leaves through the bridge's capture side channel (`HiddenStateCapture`'s rows:
+- Each row's frame leaves through the bridge's capture side channel (`HiddenStateCapture.omni_emit_rows`:
   ``[rows, num_code_groups]`` int64, -1 for prompt rows), which the `ar` runtime drains per step.
 
 Per-request side inputs (prompt rows and speaker, trailing text so far, whether it is complete,
@@ -29,12 +29,17 @@ tts_pad, optional M-RoPE positions) come through the bridge's side-input store
 (`HiddenStateCapture.omni_side`), updated while the request runs as the thinker streams (see
 `omni_qwen3.talker.TalkerModel`). A step never reads text that has not arrived: the runtime stops
 the request at its token budget first.
+
+The batch (which rows belong to which request, at which positions) and each request's sampling
+state (greedy or not, its generator, its sampled tokens) come from the bridge's `HiddenStateCapture`
+methods, never from vLLM's runner or forward context: vLLM's model layers and `Qwen3MoeForCausalLM`
+are its extension point for out-of-tree models, its runner state is not.
 This module imports vLLM and transformers: load it only in a worker.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -49,7 +54,7 @@ from vllm.model_executor.models.qwen2 import Qwen2MLP
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from vllm.model_executor.models.utils import maybe_prefix
 
-from omni_core.stages.vllm_bridge import RESUMED_TOKENS, CapturedRows, HiddenStateCapture
+from omni_core.stages.vllm_bridge import RESUMED_TOKENS, HiddenStateCapture, RequestRows
 
 ARCHITECTURE = "OmniQwen3OmniTalkerForCausalLM"
 # Keys of the model's own per-request state in the side-input store entry.
@@ -111,7 +116,7 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        layout = self._layout()
+        layout = self.omni_batch_layout()
         frames: list[torch.Tensor] = []
         if layout:
             if inputs_embeds is None:
@@ -121,38 +126,13 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         for (req_id, row_start, row_end, pos_start), rows in zip(layout, frames):
             # The code predictor's input for the next frame (kept across a resumption too).
             self.omni_side(req_id)[_LAST_HIDDEN] = hidden[row_end - 1].detach().clone()
-            self.omni_captured.append(CapturedRows(req_id, pos_start, rows))
+            self.omni_emit_rows(req_id, pos_start, rows)
         return hidden
 
     # --- per-step work ------------------------------------------------------------------------
 
-    def _layout(self) -> list[tuple[str, int, int, int]]:
-        """(request id, first row, end row, position of the first row) per request in the batch;
-        empty for dummy/profiling runs."""
-        if self.omni_request_order is None:
-            return []
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        if not is_forward_context_available():
-            return []
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, list):
-            metadata = metadata[0] if metadata else None
-        if not metadata:
-            return []
-        layer_metadata = next(iter(metadata.values()))
-        request_ids = list(self.omni_request_order())
-        n = len(request_ids)
-        starts = layer_metadata.query_start_loc[: n + 1].tolist()
-        seq_lens = layer_metadata.seq_lens[:n].tolist()
-        return [
-            (rid, starts[i], starts[i + 1], seq_lens[i] - (starts[i + 1] - starts[i]))
-            for i, rid in enumerate(request_ids)
-            if starts[i + 1] > starts[i]
-        ]
-
     def _prepare(
-        self, layout: list[tuple[str, int, int, int]], inputs_embeds: torch.Tensor, positions: torch.Tensor
+        self, layout: list[RequestRows], inputs_embeds: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Frames and input embeddings of the generated-token rows; M-RoPE positions of requests
         that carry their own."""
@@ -164,7 +144,6 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         greedy: list[bool] = []
         generators: list[torch.Generator | None] = []
         for req_id, row_start, row_end, pos_start in layout:
-            state = self.omni_request_state(req_id)
             side = self.omni_side(req_id)
             prompt_len = _prompt_len(side)
             mrope = side.get("mrope_positions")
@@ -180,9 +159,9 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
                     if index != len(cached) or _LAST_HIDDEN not in side:
                         raise RuntimeError(f"talker request {req_id}: no frame state for generated token {index}")
                     new_rows.append((req_id, row, index))
-                    code0.append(_generated_token(state, side, index))
-                    greedy.append(float(getattr(state.sampling_params, "temperature", 0.0) or 0.0) <= 0.0)
-                    generators.append(getattr(state, "generator", None))  # a seeded request's own
+                    code0.append(_generated_token(self.omni_output_token_ids(req_id), side, index))
+                    greedy.append(self.omni_is_greedy(req_id))
+                    generators.append(self.omni_generator(req_id))  # a seeded request's own
         if new_rows:
             past = torch.stack([self.omni_side(req_id)[_LAST_HIDDEN] for req_id, _, _ in new_rows])
             first = torch.tensor(code0, device=embeds.device, dtype=torch.long)
@@ -425,12 +404,13 @@ def _prompt_len(side: dict[str, Any]) -> int:
     return int(side["prompt_embeds"].shape[0])
 
 
-def _generated_token(state: Any, side: dict[str, Any], index: int) -> int:
-    """Codebook-0 token of generated index `index`: from the resumed prompt or this run's output."""
+def _generated_token(output_ids: Sequence[int], side: dict[str, Any], index: int) -> int:
+    """Codebook-0 token of generated index `index`: from the resumed prompt or this run's output
+    (`output_ids`, what vLLM sampled in this run)."""
     resumed: list[int] = side.get(RESUMED_TOKENS) or []
     if index < len(resumed):
         return int(resumed[index])
-    return int(state.output_token_ids[index - len(resumed)])
+    return int(output_ids[index - len(resumed)])
 
 
 def _mrope_rows(prompt_positions: torch.Tensor, delta: int, start: int, count: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The Qwen3-Omni thinker stage: vLLM's own ``Qwen3OmniMoeThinkerForConditionalGeneration``.
 
-The stage's model part (`ThinkerModel`, exposed as `thinker_model`) runs the thinker of a full
+The stage's model part (`ThinkerModel`) runs the thinker of a full
 Qwen3-Omni checkpoint on vLLM (talker/code2wav tensors are skipped by vLLM's weight mapper) through
 a registered subclass, `capture_class()`, that
 
@@ -21,17 +21,15 @@ Nothing heavy is imported at module import: vLLM classes are built on first use 
 from __future__ import annotations
 
 import functools
+import types
 from typing import TYPE_CHECKING, Any, Mapping
 
-import attrs
-
 from omni_core.outputs import Payload, StageInput
+from omni_core.parts import PartContext
 from omni_core.stages.ar_model import ARDelta, ARModel
 
 if TYPE_CHECKING:
     import torch
-
-    from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 
 ARCHITECTURE = "OmniQwen3OmniThinker"
 """The vLLM architecture name the thinker's capture class is registered under."""
@@ -42,7 +40,6 @@ CAPTURE_KEY = "capture_hidden"
 """Key of the thinker's stage input saying whether this request needs the hidden states (audio out)."""
 
 
-@attrs.define
 class ThinkerModel(ARModel):
     """Model part of the ``thinker`` stage (an `ARModel` for the thinker inside a full checkpoint).
 
@@ -51,10 +48,17 @@ class ThinkerModel(ARModel):
     nothing. Requests whose input says ``capture_hidden: False`` (no audio wanted) get no rows.
     """
 
-    _model_path: str | None = attrs.field(default=None, init=False)
+    # The capture class is registered by object (in this process), so vLLM must not look the
+    # architecture up in the checkpoint's own config.
+    hf_overrides = types.MappingProxyType({"architectures": [ARCHITECTURE]})
 
-    def __attrs_post_init__(self) -> None:
-        self.hf_overrides = {**self.hf_overrides, "architectures": [ARCHITECTURE]}
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        talker = _read_config(context.model_path).get("talker_config")
+        self.capture_hidden_states = talker is not None
+        if talker is not None:
+            self.hidden_state_layers = {EMBEDS_KEY: 0, HIDDEN_KEY: int(talker["accept_hidden_layer"])}
+        self._model_path: str | None = None
 
     def register(self) -> None:
         from omni_core.stages import vllm_bridge
@@ -63,16 +67,9 @@ class ThinkerModel(ARModel):
         compat.install()  # before vLLM imports its qwen2_vl-based modules
         vllm_bridge.register_architectures({ARCHITECTURE: capture_class()})
 
-    def engine_args(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, Any]:
-        talker = _read_config(pipeline.model_path).get("talker_config")
-        self.capture_hidden_states = talker is not None
-        if talker is not None:
-            self.hidden_state_layers = {EMBEDS_KEY: 0, HIDDEN_KEY: int(talker["accept_hidden_layer"])}
-        args = super().engine_args(pipeline, stage)
+    def engine_args(self) -> dict[str, Any]:
+        args = super().engine_args()
         self._model_path = str(args["model"])
-        # The capture class is registered by object (in this process), so vLLM must not look the
-        # architecture up in the checkpoint's own config.
-        args["hf_overrides"] = {**args.get("hf_overrides", {}), "architectures": [ARCHITECTURE]}
         return args
 
     def wants_hidden_states(self, stage_input: StageInput) -> bool:
@@ -104,11 +101,6 @@ class ThinkerModel(ARModel):
             data.pop(EMBEDS_KEY, None)
             data.pop(HIDDEN_KEY, None)
         return data
-
-
-def thinker_model() -> ThinkerModel:
-    """Factory of the ``thinker`` stage's model part."""
-    return ThinkerModel()
 
 
 def _read_config(model_path: str) -> dict[str, Any]:
@@ -205,9 +197,13 @@ def capture_class() -> type:
                 self._omni_deepstack = None
 
         def _omni_snapshot_deepstack(self, inputs_embeds: torch.Tensor | None) -> list[torch.Tensor] | None:
-            if inputs_embeds is None or not getattr(self, "deepstack_input_embeds", None):
+            # The deepstack buffers belong to vLLM's thinker class, which this one extends (vLLM's
+            # out-of-tree model extension point), not to its runner or forward context: read here,
+            # not through the bridge. Read without fallbacks: were they renamed, skipping the
+            # subtraction would silently give rows unlike transformers' at image positions.
+            if inputs_embeds is None or not self.use_deepstack:
                 return None
-            if not getattr(self, "deepstack_input_embeds_num_tokens", 0):
+            if not self.deepstack_input_embeds_num_tokens:
                 return None  # no image in this batch: the buffers are zeros
             n = inputs_embeds.shape[0]
             return [buffer[:n].clone() for buffer in self.deepstack_input_embeds]

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers")
+import transformers  # noqa: F401  (missing, it fails the suite: CI never goes green by skipping)
 
 import torch  # noqa: E402
 
@@ -26,7 +26,7 @@ def runtime(tiny_dir: Path, streaming: bool, **options: Any) -> GenerationStageR
         name="code2wav",
         kind="generation",
         runtime_ref="omni_core.stages.generation:GenerationStageRuntime",
-        model="omni_qwen3.code2wav:code2wav_model",
+        model="omni_qwen3.code2wav:Code2WavModel",
         output="audio",
         final=True,
         placement="inline",

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm")
-pytest.importorskip("transformers")
+import vllm  # noqa: F401  (missing, it fails the suite: CI never goes green by skipping)
+import transformers  # noqa: F401  (missing, it fails the suite: CI never goes green by skipping)
 
 from omni_core.engine.async_engine import AsyncOmniEngine  # noqa: E402
 from omni_core.engine.request import OmniRequest  # noqa: E402

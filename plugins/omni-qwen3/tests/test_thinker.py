@@ -20,8 +20,8 @@ from typing import Any, Iterator
 import attrs
 import pytest
 
-pytest.importorskip("vllm")
-pytest.importorskip("transformers")
+import vllm  # noqa: F401  (missing, it fails the suite: CI never goes green by skipping)
+import transformers  # noqa: F401  (missing, it fails the suite: CI never goes green by skipping)
 
 from omni_qwen3.reference import load_model, prepare_inputs, reference_generate, paired_requests, sine_wave, synthetic_image  # noqa: E402
 
@@ -31,6 +31,7 @@ from omni_core.engine.offline import Omni  # noqa: E402
 from omni_core.engine.request import OmniRequest  # noqa: E402
 from omni_core.errors import InvalidRequestError  # noqa: E402
 from omni_core.outputs import Chunk, StageInput  # noqa: E402
+from omni_core.parts import PartContext  # noqa: E402
 from omni_core.stages.ar import ARStageRuntime  # noqa: E402
 
 MAX_TOKENS = 12
@@ -139,9 +140,9 @@ def test_hidden_states_equal_transformers(runtime: ARStageRuntime, tiny_dir: Pat
 
     from omni_qwen3.inputs import Qwen3OmniInputProcessor
 
-    processor = Qwen3OmniInputProcessor(runtime.pipeline)
+    processor = Qwen3OmniInputProcessor(PartContext(runtime.pipeline))
     for name in OPENAI:
-        stage_input = processor(OmniRequest(messages=OPENAI[name], modalities=("text",)))["thinker"]
+        stage_input = processor.process(OmniRequest(messages=OPENAI[name], modalities=("text",)))["thinker"]
         stage_input.data["capture_hidden"] = True  # as for a request that wants audio
         runtime.add_request(name, StageInput(data=stage_input.data, params=GREEDY))
     runtime.add_request("no-audio", StageInput(data={"prompt_token_ids": [1, 2, 3], "capture_hidden": False}, params=GREEDY))
@@ -175,8 +176,6 @@ def test_hidden_states_equal_transformers(runtime: ARStageRuntime, tiny_dir: Pat
 
 
 def test_cli_generate_prints_token_ids(tmp_path: Path) -> None:
-    pytest.importorskip("omni_qwen3.talker", reason="the full pipeline needs the talker stage")
-    pytest.importorskip("omni_qwen3.code2wav", reason="the full pipeline needs the code2wav stage")
     env = {**os.environ, "OMNI_CACHE": str(tmp_path / "cache")}
     command = [str(Path(sys.executable).with_name("omni")), "generate", "omni-tiny/qwen3-omni", "--prompt", "hello",
                "--modalities", "text", "--stage-params", json.dumps({"thinker": {"max_tokens": 6}}), "--json"]

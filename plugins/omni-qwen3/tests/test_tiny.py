@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch  # (missing, it fails the suite: CI never goes green by skipping)
+import transformers  # noqa: F401  (missing, it fails the suite: CI never goes green by skipping)
 
 from omni_qwen3 import plugin  # noqa: E402
 from omni_qwen3.reference import (  # noqa: E402
@@ -149,7 +149,6 @@ def test_unknown_size_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_bench_size_is_tens_of_millions_of_parameters() -> None:
-    import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     from omni_qwen3.tiny import build_config

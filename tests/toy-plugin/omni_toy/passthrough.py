@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.parts import InputProcessor, PartContext
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
 from omni_toy import fail_hook
 
@@ -32,7 +32,8 @@ class PassThroughModel(GenerationModel):
     samples_per_frame = 1
     extra_outputs = types.MappingProxyType({"sample_rate": SAMPLE_RATE})
 
-    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> None:
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
         self.device = torch.device("cpu")
 
     def load(self, device: str, dtype: str) -> None:
@@ -50,17 +51,18 @@ class PassThroughModel(GenerationModel):
         return frames.to(torch.float32)
 
 
-class PromptBytesProcessor:
+class PromptBytesProcessor(InputProcessor):
     """Input processor of ``toy-passthrough``: the prompt's UTF-8 bytes as frames.
 
     ``request.extra["codes"]`` (a tensor or list, ``[T, ...]``) is used instead when given, so a
     benchmark can send payloads of any size.
     """
 
-    def __init__(self, pipeline: ResolvedPipeline) -> None:
-        self.entry_stages = [stage.name for stage in pipeline.stages if not stage.inputs]
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        self.entry_stages = [stage.name for stage in context.pipeline.stages if not stage.inputs]
 
-    def __call__(self, request: Any) -> dict[str, Any]:
+    def process(self, request: Any) -> dict[str, Any]:
         from omni_core.errors import InvalidRequestError
         from omni_core.outputs import StageInput
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec
-from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline
 from omni_core.outputs import Chunk, StageInput
+from omni_core.parts import EdgeAdapter
 from omni_core.stages.ar_model import ARModel
 
 LM_SUBFOLDER = "lm"
@@ -29,7 +29,7 @@ def build_toy_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineCo
 
     Token ids feed the vocoder unless the root ``config.json`` sets ``"lm_hidden_states": true``.
     """
-    lm_model = "LM_WITH_HIDDEN_STATES" if hf_config.get("lm_hidden_states") else "LM"
+    lm_model = "LMWithHiddenStates" if hf_config.get("lm_hidden_states") else "LM"
     return PipelineConfig(
         family="toy",
         stages=(
@@ -73,28 +73,27 @@ def build_passthrough_pipeline(model_path: str, hf_config: dict[str, Any]) -> Pi
     )
 
 
-LM = ARModel(subfolder=LM_SUBFOLDER)
-"""The ``lm`` stage's model part: vLLM over the checkpoint's ``lm/`` folder."""
+class LM(ARModel):
+    """The ``lm`` stage's model part: vLLM over the checkpoint's ``lm/`` folder."""
 
-LM_WITH_HIDDEN_STATES = ARModel(
-    subfolder=LM_SUBFOLDER,
-    capture_hidden_states=True,
-    capture_base="vllm.model_executor.models.qwen3:Qwen3ForCausalLM",
-)
-"""The same LM, also capturing per-token final hidden states (checkpoint config
-``"lm_hidden_states": true``): the vocoder then decodes hidden states instead of token ids."""
+    subfolder = LM_SUBFOLDER
 
 
-class TokensToCodes:
+class LMWithHiddenStates(LM):
+    """The same LM, also capturing per-token final hidden states (checkpoint config
+    ``"lm_hidden_states": true``): the vocoder then decodes hidden states instead of token ids."""
+
+    capture_hidden_states = True
+    capture_base = "vllm.model_executor.models.qwen3:Qwen3ForCausalLM"
+
+
+class TokensToCodes(EdgeAdapter):
     """Edge adapter ``lm -> vocoder``: each LM chunk's new tokens become vocoder frames.
 
     Frames are the token ids (``codes``, LongTensor ``[n]``), or, when the LM stage captures them,
     its hidden-state rows (float ``[n_rows, hidden]``: prompt and generated tokens as they pass
     through the model); the vocoder takes both.
     """
-
-    def __init__(self, pipeline: ResolvedPipeline | None = None, edge: ResolvedEdge | None = None) -> None:
-        pass
 
     def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
         import torch

@@ -9,6 +9,7 @@ TOY_ARCHITECTURE = "OmniToyPipeline"
 TOY_MODEL_TYPE = "omni-toy"
 PASSTHROUGH_ARCHITECTURE = "OmniToyPassThrough"
 PASSTHROUGH_MODEL_TYPE = "omni-toy-passthrough"
+LM_ARCHITECTURE = "Qwen3ForCausalLM"  # the `lm/` folder, written by omni_core.testing.tiny_lm
 SIZES = ("tiny",)
 
 
@@ -19,18 +20,15 @@ def _check_size(size: str) -> None:
 
 def make_tiny(directory: Path, size: str = "tiny") -> None:
     """Write the ``toy`` checkpoint: root ``config.json``, ``lm/`` (Qwen3 + tokenizer), ``vocoder/``."""
-    from omni_toy.tiny_lm import write_tiny_lm
+    from omni_core.testing.tiny_lm import tiny_lm
     from omni_toy.vocoder import write_vocoder
 
     _check_size(size)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    write_tiny_lm(directory / "lm", seed=0)
-    lm_config = json.loads((directory / "lm" / "config.json").read_text())
+    lm = tiny_lm(directory / "lm", LM_ARCHITECTURE, seed=0)
     # The vocoder takes the LM's token ids (or hidden states) as frames: size it to the LM.
-    write_vocoder(
-        directory / "vocoder", vocab_size=lm_config["vocab_size"], input_hidden_size=lm_config["hidden_size"], seed=0
-    )
+    write_vocoder(directory / "vocoder", vocab_size=lm.vocab_size, input_hidden_size=lm.hidden_size, seed=0)
     _write_root_config(directory, TOY_ARCHITECTURE, TOY_MODEL_TYPE)
 
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError
+from omni_core.parts import PartContext
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
 from omni_toy import fail_hook
 
@@ -100,13 +100,14 @@ def write_vocoder(directory: Path, vocab_size: int, input_hidden_size: int, seed
 
 
 class ToyVocoder(GenerationModel):
-    """The ``vocoder`` stage's model part (also its factory: ``ToyVocoder(pipeline, stage)``)."""
+    """The ``vocoder`` stage's model part (also its factory: ``ToyVocoder(context)``)."""
 
     input_key = "codes"
     output_key = "audio"
 
-    def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage) -> None:
-        self.directory = Path(pipeline.model_path) / "vocoder"
+    def __init__(self, context: PartContext) -> None:
+        super().__init__(context)
+        self.directory = Path(context.model_path) / "vocoder"
         self.config = VocoderConfig.read(self.directory)
         self.chunk_size = self.config.chunk_size
         self.left_context = self.config.left_context

@@ -13,6 +13,8 @@ import torch
 from omni_core.config.resolve import resolve
 from omni_core.outputs import Chunk
 from omni_core.plugins import load_plugins
+from omni_core.config.resolved import ResolvedPipeline
+from omni_core.parts import InputProcessor, PartContext, build_part
 from omni_core.refs import load_ref
 from omni_core.stages.generation import GenerationStageRuntime
 from omni_toy import plugin
@@ -58,7 +60,8 @@ def test_toy_pipeline_shape() -> None:
 
 
 def test_adapter_turns_tokens_or_hidden_states_into_frames() -> None:
-    adapter = TokensToCodes()
+    pipeline = ResolvedPipeline(model="toy", model_path="/nowhere", family="toy", stages=())
+    adapter = TokensToCodes(PartContext(pipeline))
     state: dict = {}
     first = adapter.on_chunk(state, Chunk("r", "lm", 0, {"token_ids": [5, 7], "text": "ab"}))
     assert first is not None and not first.final
@@ -75,8 +78,8 @@ def test_passthrough_family_resolves_and_copies_frames(tmp_path: Path, host) -> 
     make_tiny_passthrough(tmp_path)
     pipeline = resolve(str(tmp_path), plugins=host)
     assert pipeline.family == "toy-passthrough" and [s.name for s in pipeline.stages] == ["echo"]
-    processor = load_ref(pipeline.input_processor)(pipeline)
-    inputs = processor(OmniRequest(prompt="héllo"))
+    processor = build_part(pipeline.input_processor, PartContext(pipeline), InputProcessor, "input processor")
+    inputs = processor.process(OmniRequest(prompt="héllo"))
     runtime = GenerationStageRuntime(pipeline, pipeline.stage("echo"))
     runtime.load()
     runtime.add_request("r", inputs["echo"])
@@ -127,7 +130,7 @@ async def test_toy_pipeline_speaks_its_tokens(tmp_path: Path, host) -> None:
     tokens = [t for d in deltas if d.stage == "lm" for t in d.data.get("token_ids", [])]
     audio_chunks = [d.data["audio"] for d in deltas if d.stage == "vocoder"]
     assert len(tokens) == 24 and len(audio_chunks) > 1  # streamed in chunks
-    reference = ToyVocoder(pipeline, pipeline.stage("vocoder"))
+    reference = ToyVocoder(PartContext(pipeline, pipeline.stage("vocoder")))
     reference.load("cpu", "float32")
     assert reference.net is not None
     with torch.inference_mode():

@@ -1,0 +1,23 @@
+"""`ServerState`: what the server's route handlers share, injected by name (Litestar DI)."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.server.metrics import ServerMetrics
+from omni_core.server.videos import VideoJobs
+
+
+@attrs.define
+class ServerState:
+    """What the routes share: the engine, the served name, metrics and video jobs."""
+
+    engine: AsyncOmniEngine
+    model_name: str
+    metrics: ServerMetrics
+    api_key: str | None
+    videos: VideoJobs = attrs.field(factory=VideoJobs)
+    created: int = attrs.field(factory=lambda: int(time.time()))
