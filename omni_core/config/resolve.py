@@ -127,6 +127,7 @@ def resolve_pipeline(
                 options=options,
             )
         )
+    _check_engines_per_process(stages)
     output_connector, output_ref, output_options = _resolve_output_connector(
         pipeline, deploy_config, raw, stage_deploys, plugins
     )
@@ -358,6 +359,24 @@ def _check_layer(layer: dict[str, Any], source: str, pipeline: PipelineConfig) -
         if stage.replicas < 1:
             raise ConfigError(
                 f"replicas must be at least 1, got {stage.replicas} (in {source})", key=f"{name}.replicas"
+            )
+
+
+def _check_engines_per_process(stages: Sequence[ResolvedStage]) -> None:
+    """Refuse more inline replicas of a kind than its runtime allows in one process
+    (`StageRuntime.max_inline_replicas`: an engine with process-wide state, such as vLLM's)."""
+    inline: dict[str, list[str]] = {}
+    for stage in stages:
+        if stage.placement == "inline":
+            inline.setdefault(stage.kind, []).extend([stage.name] * stage.replicas)
+    for kind, names in inline.items():
+        limit = getattr(load_ref(next(s.runtime_ref for s in stages if s.kind == kind)), "max_inline_replicas", None)
+        if limit is not None and len(names) > limit:
+            listed = ", ".join(sorted(set(names)))
+            raise ConfigError(
+                f"{len(names)} replicas of {kind!r} stages ({listed}) are placed inline, but the {kind!r} runtime allows "
+                f"{limit} in one process: place the others in processes (--set STAGE.placement=process)",
+                key=f"stages.{names[-1]}.placement",
             )
 
 

@@ -185,6 +185,10 @@ class ARStageRuntime(StageRuntime):
     """
 
     Options = AROptions
+    # vLLM keeps process-wide state that two in-process engines would share (its parallel groups,
+    # the forward context of compiled layers by layer name): a second inline engine fails to start
+    # or mixes up the first one's layers.
+    max_inline_replicas = 1
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         super().__init__(pipeline, stage, replica)

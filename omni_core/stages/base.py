@@ -41,6 +41,9 @@ class StageRuntime(abc.ABC):
     """
 
     Options: ClassVar[type] = NoOptions
+    max_inline_replicas: ClassVar[int | None] = None
+    """How many replicas of this kind may run inline in the engine's process (None: any number);
+    `resolve()` refuses more, for runtimes whose engine keeps process-wide state."""
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         self.pipeline = pipeline

@@ -23,7 +23,7 @@ from omni_qwen3.reference import prepare_inputs, sine_wave, synthetic_image  # n
 from omni_core.config import resolve  # noqa: E402
 from omni_core.config.modelref import read_hf_config  # noqa: E402
 from omni_core.engine.request import OmniRequest  # noqa: E402
-from omni_core.errors import InvalidRequestError  # noqa: E402
+from omni_core.errors import ConfigError, InvalidRequestError  # noqa: E402
 from omni_core.plugins import load_plugins  # noqa: E402
 
 
@@ -81,6 +81,19 @@ def test_default_deploy_resolves(tiny_dir: Path) -> None:
     assert merge_params(talker, {"temperature": 0.0})["temperature"] == 0.0
     # CPU deploy: one thread per stage process; upstream stages yield to the ones nearer the audio.
     assert [(s.cpu_threads, s.nice) for s in resolved.stages] == [(1, 10), (1, 5), (1, 0)]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("thinker.placement=inline", "talker.placement=inline"), ("thinker.placement=inline", "thinker.replicas=2")],
+)
+def test_two_vllm_engines_in_one_process_are_refused_at_resolve(tiny_dir: Path, overrides: tuple[str, ...]) -> None:
+    # vLLM's process-wide state breaks a second in-process engine (seen: "Engram tensor-parallel
+    # group is already initialized" at load, or another engine's layers at the first request).
+    with pytest.raises(ConfigError, match="the 'ar' runtime allows 1 in one process") as info:
+        resolve(str(tiny_dir), overrides=overrides)
+    assert info.value.key.endswith(".placement")
+    resolve(str(tiny_dir), overrides=overrides[:1])  # one inline engine is fine
 
 
 def test_thinker_only_checkpoint_gives_a_text_pipeline(thinker_only_dir: Path, tiny_dir: Path) -> None:
