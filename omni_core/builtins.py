@@ -21,6 +21,12 @@ def register_connectors(register: Callable[[str, str], None]) -> None:
 
 
 @hookimpl
+def register_placements(register: Callable[[str, str], None]) -> None:
+    register("inline", "omni_core.runtime.replica:InlineReplica")
+    register("process", "omni_core.runtime.replica:ProcessReplica")
+
+
+@hookimpl
 def register_quantization_resolvers(register: Callable[[str, str], None]) -> None:
     register("fp8", "omni_core.quantization:resolve_fp8")
     register("int8", "omni_core.quantization:resolve_int8")

@@ -53,6 +53,16 @@ def register_connectors(register: Callable[[str, str], None]) -> None:
 
 
 @hookspec
+def register_placements(register: Callable[[str, str], None]) -> None:
+    """Register placements (where a stage's replicas run): ``register("ray", "pkg.mod:RayReplica")``.
+
+    The class subclasses `omni_core.runtime.placement.Replica`: built with one `ReplicaContext`,
+    it starts the stage worker wherever it places it, carries messages both ways, reports its
+    death, and stops. The core's ``inline`` and ``process`` are registrations of this hook.
+    """
+
+
+@hookspec
 def register_quantization_resolvers(register: Callable[[str, str], None]) -> None:
     """Register quantization resolvers: ``register("int8", "pkg.mod:resolve_int8")``.
 

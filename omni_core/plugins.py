@@ -63,6 +63,7 @@ _NAMED_REGISTRIES = {
     "register_stage_runtimes": _Registry("stage runtime", "stage kinds"),
     "register_connectors": _Registry("connector", "connectors"),
     "register_quantization_resolvers": _Registry("quantization resolver", "quantization resolvers"),
+    "register_placements": _Registry("placement", "placements"),
 }
 _ROUTES = _Registry("route", "routes")
 _COMMANDS_HEADING = "commands"
@@ -155,6 +156,7 @@ class PluginHost:
         self.stage_runtimes: Mapping[str, str] = self.registry("stage runtime")
         self.connectors: Mapping[str, str] = self.registry("connector")
         self.quantization_resolvers: Mapping[str, str] = self.registry("quantization resolver")
+        self.placements: Mapping[str, str] = self.registry("placement")
         self.routes: tuple[str, ...] = tuple(builder.routes)
         self._registered = {
             plugin: {kind: tuple(names) for kind, names in kinds.items()}

@@ -161,6 +161,7 @@ class StandInHost:
     stage_runtimes: Mapping[str, str]
     connectors: Mapping[str, str]
     quantization_resolvers: Mapping[str, str]
+    placements: Mapping[str, str]
 
     def family_for(self, model_ref: str, hf_config: Mapping[str, Any]) -> PipelineFamily:
         for family in self.families.values():
@@ -183,6 +184,7 @@ def host() -> StandInHost:
         stage_runtimes={"ar": f"{HERE}:ToyARRuntime", "generation": f"{HERE}:ToyDecodeRuntime"},
         connectors={"inproc": f"{HERE}:InProc", "shm": f"{HERE}:Shm"},
         quantization_resolvers={"fp8": f"{HERE}:toy_fp8", "w4": f"{HERE}:toy_w4"},
+        placements={"inline": "toy.placement:Inline", "process": "toy.placement:Process"},
     )
 
 
@@ -351,6 +353,7 @@ def reject(host: StandInHost, checkpoint: Path, key: str, *overrides: str, deplo
         ("thinker.devices=cpu", "stages.thinker.devices", "a list"),
         ("vocoder.max_num_seqs=3", "stages.vocoder.options.max_num_seqs", "chunk_size"),
         ("streaming=maybe", "streaming", "true or false"),
+        ("thinker.placement=ray", "stages.thinker.placement", "unknown placement 'ray'; known: inline, process"),
         ("edge.thinker->talker.connector=carrier-pigeon", "edges.thinker->talker.connector", "inproc, shm"),
         ("edge.thinker->talker.slotz=4", "edges.thinker->talker.options.slotz", "did you mean 'slots'"),
         ("edge.thinker->nobody.connector=shm", "edges.thinker->nobody", "unknown stage 'nobody'"),

@@ -17,6 +17,7 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
 from omni_core.runtime.messages import Ping
+from omni_core.runtime.replica import InlineReplica
 from omni_core.testing.fakes import passthrough_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -264,3 +265,34 @@ async def test_input_processor_sets_params_of_later_stages():
         deltas = await collect(engine, OmniRequest(prompt="a"))
         assert [d.data["s1"] for d in deltas] == [0, 1]
         assert deltas[0].data["prompt"] == "a"
+
+
+class CountingReplica(InlineReplica):
+    """A plugin's placement: the engine builds it from the stage's placement reference alone."""
+
+    placement = "counting"
+    started: list[tuple[str, int]] = []
+
+    def start(self) -> None:
+        CountingReplica.started.append((self.context.stage.name, self.index))
+        super().start()
+
+
+async def test_a_registered_placement_runs_a_stage() -> None:
+    pipeline = passthrough_pipeline(stages=2, placement="inline")
+    counted = attrs.evolve(pipeline.stages[1], placement="counting", placement_ref=f"{__name__}:CountingReplica", replicas=2)
+    pipeline = attrs.evolve(pipeline, stages=(pipeline.stages[0], counted))
+    CountingReplica.started.clear()
+    async with AsyncOmniEngine(pipeline) as engine:
+        deltas = [d async for d in engine.generate(OmniRequest(prompt="hi"))]
+        assert deltas[-1].data["prompt"] == "hi" and deltas[-1].data["s1"] == 0
+        assert {entry["placement"] for entry in await engine.health()} == {"inline", "counting"}
+    assert sorted(CountingReplica.started) == [("s1", 0), ("s1", 1)]
+
+
+async def test_a_placement_that_is_not_a_replica_is_refused() -> None:
+    pipeline = passthrough_pipeline(stages=1, placement="inline")
+    wrong = attrs.evolve(pipeline.stages[0], placement="wrong", placement_ref="omni_core.parts:PartContext")
+    with pytest.raises(Exception, match="PartContext"):
+        async with AsyncOmniEngine(attrs.evolve(pipeline, stages=(wrong,))):
+            pass

@@ -87,11 +87,12 @@ def test_builtins_always_loaded_first_and_register_core_parts() -> None:
     assert host.describe()[0] == {
         "name": BUILTINS_NAME,
         "version": __version__,
-        "hooks": ["register_connectors", "register_quantization_resolvers", "register_stage_runtimes"],
+        "hooks": ["register_connectors", "register_placements", "register_quantization_resolvers", "register_stage_runtimes"],
         "registered": {
             "stage kinds": ["ar", "diffusion", "generation"],
             "connectors": ["inproc", "shm"],
             "quantization resolvers": ["fp8", "int8"],
+            "placements": ["inline", "process"],
         },
         "error": None,
     }
@@ -252,6 +253,21 @@ def test_hook_register_connectors_duplicate_of_builtin_names_both() -> None:
         host.connector("shm")
     assert "omni-core" in str(info.value) and "Connectors" in str(info.value)
     assert "'shm'" in host.failures["Connectors"]
+
+
+def test_hook_register_placements_adds_to_the_builtin_ones() -> None:
+    class Ray:
+
+        @hookimpl
+        def register_placements(register: Callable[[str, str], None]) -> None:
+            register("ray", "omni_core.placements.ray:RayReplica")
+            register("process", "elsewhere:Process")
+
+    host = host_with(Ray)
+    assert host.placements["ray"] == "omni_core.placements.ray:RayReplica"
+    assert host.placements["inline"] == "omni_core.runtime.replica:InlineReplica"
+    assert host.owner("placement", "ray") == "Ray"
+    assert "'process'" in host.failures["Ray"]  # a built-in name: a conflict naming both
 
 
 def test_hook_register_quantization_resolvers() -> None:
@@ -458,11 +474,12 @@ def test_describe_lists_every_plugin_in_load_order() -> None:
         {
             "name": BUILTINS_NAME,
             "version": __version__,
-            "hooks": ["register_connectors", "register_quantization_resolvers", "register_stage_runtimes"],
+            "hooks": ["register_connectors", "register_placements", "register_quantization_resolvers", "register_stage_runtimes"],
             "registered": {
                 "stage kinds": ["ar", "diffusion", "generation"],
                 "connectors": ["inproc", "shm"],
                 "quantization resolvers": ["fp8", "int8"],
+                "placements": ["inline", "process"],
             },
             "error": None,
         },
@@ -560,8 +577,9 @@ def test_registry_by_kind_and_unknown_kind() -> None:
     host = host_with(families_plugin("q", QWEN))
     assert host.registry("family") is host.families
     assert host.registry("connector") is host.connectors
-    with pytest.raises(UnknownNameError, match="unknown registry 'placement'; registries: family, stage runtime"):
-        host.registry("placement")
+    assert host.registry("placement") is host.placements
+    with pytest.raises(UnknownNameError, match="unknown registry 'edge'; registries: family, stage runtime"):
+        host.registry("edge")
 
 
 def test_hook_register_commands_isolates_broken_plugins() -> None:

@@ -11,7 +11,6 @@ from typing import Any, Literal
 import attrs
 
 # ``ray`` (multi-node actors) is designed for but not built yet: rejected at resolve time for now.
-Placement = Literal["inline", "process"]
 LoadBalancer = Literal["least_loaded", "round_robin"]
 
 
@@ -22,11 +21,11 @@ class StageDeploy:
     Each field's ``metadata["doc"]`` documents it (`omni stages`, ``docs/stage-options.md``).
     """
 
-    placement: Placement = attrs.field(
+    placement: str = attrs.field(
         default="process",
         metadata={
-            "doc": "Where each replica runs: ``process``, a spawned worker process of its own; ``inline``, a thread "
-            "of the engine's process (tests, light stages)."
+            "doc": "Where each replica runs, a registered placement (``omni plugins``): ``process``, a spawned worker "
+            "process of its own; ``inline``, a thread of the engine's process (tests, light stages)."
         },
     )
     replicas: int = attrs.field(

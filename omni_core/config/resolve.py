@@ -97,6 +97,7 @@ def resolve_pipeline(
         if spec.kind not in options_classes:
             options_classes[spec.kind] = _options_class(spec.kind, runtime_ref)
         stage_deploy = stage_deploys[spec.name]
+        placement_ref = _placement_ref(spec.name, stage_deploy.placement, plugins)
         options = _check_options(spec, stage_deploy, options_classes[spec.kind], plugins)
         if options.get("dtype") == CHECKPOINT_DTYPE:
             _check_checkpoint_dtype(spec.name, model_path)
@@ -117,6 +118,7 @@ def resolve_pipeline(
                 final=spec.final,
                 params=_plain(spec.params),
                 placement=stage_deploy.placement,
+                placement_ref=placement_ref,
                 replicas=stage_deploy.replicas,
                 devices=stage_deploy.devices,
                 load_balancer=stage_deploy.load_balancer,
@@ -360,6 +362,15 @@ def _check_layer(layer: dict[str, Any], source: str, pipeline: PipelineConfig) -
             raise ConfigError(
                 f"replicas must be at least 1, got {stage.replicas} (in {source})", key=f"{name}.replicas"
             )
+
+
+def _placement_ref(stage: str, placement: str, plugins: PluginHost) -> str:
+    if placement not in plugins.placements:
+        raise ConfigError(
+            unknown_name_message("placement", placement, plugins.placements) + " (install the plugin that provides it)",
+            key=f"stages.{stage}.placement",
+        )
+    return plugins.placements[placement]
 
 
 def _check_engines_per_process(stages: Sequence[ResolvedStage]) -> None:

@@ -41,6 +41,8 @@ class ResolvedStage:
     final: bool = False
     params: dict[str, Any] = attrs.field(factory=dict)
     placement: str = "process"
+    # The registered class of `placement` ("module:Class", an `omni_core.runtime.placement.Replica`).
+    placement_ref: str | None = None
     replicas: int = 1
     devices: tuple[str, ...] = ()
     load_balancer: str = "least_loaded"

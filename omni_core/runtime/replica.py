@@ -1,4 +1,5 @@
-"""Stage replicas by placement: ``inline`` (a thread here) and ``process`` (a spawned worker).
+"""The core's placements (`omni_core.runtime.placement.Replica`): ``inline`` (a thread here) and
+``process`` (a spawned worker).
 
 A replica delivers every worker message to `on_message` on the engine's event loop (an inline
 worker hands them over thread-safely; a process worker's pipe is read by the loop itself, see
@@ -16,7 +17,7 @@ import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
@@ -25,10 +26,10 @@ from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
 from omni_core.runtime import messages as m
 from omni_core.runtime.channel import EngineChannel, WorkerChannel
+from omni_core.runtime.placement import Replica, ReplicaContext
 
 logger = logging.getLogger(__name__)
 
-OnMessage = Callable[[Any], None]
 
 
 def stage_connector_keys(pipeline: ResolvedPipeline, stage: ResolvedStage) -> dict[str, tuple[str, dict]]:
@@ -58,25 +59,21 @@ def build_connectors(specs: dict[str, tuple[str, dict]]) -> dict[str, Connector]
     return built
 
 
-class InlineReplica:
-    """A replica running in a thread of the engine's process."""
+class InlineReplica(Replica):
+    """A replica running in a thread of the engine's process (placement ``inline``); it uses the
+    engine's own connector instances."""
 
     placement = "inline"
 
-    def __init__(
-        self,
-        pipeline: ResolvedPipeline,
-        stage: ResolvedStage,
-        index: int,
-        connectors: dict[str, Connector],
-        on_message: OnMessage,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
+    def __init__(self, context: ReplicaContext) -> None:
         from omni_core.runtime.worker import StageWorker
 
-        self.index = index
+        super().__init__(context)
+        stage, index, loop, on_message = context.stage, context.index, context.loop, context.on_message
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.worker = StageWorker(pipeline, stage, index, connectors, lambda msg: loop.call_soon_threadsafe(on_message, msg))
+        self.worker = StageWorker(
+            context.pipeline, stage, index, context.local_connectors, lambda msg: loop.call_soon_threadsafe(on_message, msg)
+        )
         self._on_message = on_message
         self._loop = loop
         self.thread = threading.Thread(target=self._run, name=f"omni-{stage.name}-{index}", daemon=True)
@@ -165,8 +162,9 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
-class ProcessReplica:
-    """A replica in its own spawned process, talking to the engine's event loop over a channel.
+class ProcessReplica(Replica):
+    """A replica in its own spawned process (placement ``process``), talking to the engine's event
+    loop over a channel.
 
     The process's exit (its sentinel becoming readable) is what reports a crash: whatever the
     worker wrote before it died is delivered first.
@@ -174,23 +172,16 @@ class ProcessReplica:
 
     placement = "process"
 
-    def __init__(
-        self,
-        pipeline: ResolvedPipeline,
-        stage: ResolvedStage,
-        index: int,
-        on_message: OnMessage,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self.pipeline = pipeline
-        self.stage = stage
-        self.index = index
-        self._on_message = on_message
-        self._loop = loop
+    def __init__(self, context: ReplicaContext) -> None:
+        super().__init__(context)
+        self.pipeline = context.pipeline
+        self.stage = context.stage
+        self._on_message = context.on_message
+        self._loop = context.loop
         self._ctx = mp.get_context("spawn")
         self.process: Any = None
         self._channel: EngineChannel | None = None
-        self._exited: asyncio.Future[None] = loop.create_future()
+        self._exited: asyncio.Future[None] = context.loop.create_future()
         self._stopping = False
 
     def start(self) -> None:

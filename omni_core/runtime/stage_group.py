@@ -10,8 +10,9 @@ from typing import Any, Callable
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 from omni_core.errors import ConfigError, StageError
+from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
-from omni_core.runtime.replica import InlineReplica, ProcessReplica
+from omni_core.runtime.placement import Replica, ReplicaContext
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class StageGroup:
         self.restarts = [0] * stage.replicas
         self.dead = [False] * stage.replicas
         self.load_errors: dict[int, str] = {}  # replica -> why its last load failed (`LoadFailed`)
-        self.replicas: list[Any] = [self._make_replica(i) for i in range(stage.replicas)]
+        self.replicas: list[Replica] = [self._make_replica(i) for i in range(stage.replicas)]
         self.ready: list[asyncio.Future[None]] = [loop.create_future() for _ in self.replicas]
         self.load: list[int] = [0] * stage.replicas
         self.assignment: dict[str, int] = {}
@@ -49,13 +50,22 @@ class StageGroup:
         self._pings: dict[int, asyncio.Future[m.Pong]] = {}
         self._ping_tokens = itertools.count()
 
-    def _make_replica(self, index: int) -> Any:
+    def _make_replica(self, index: int) -> Replica:
+        if self.stage.placement_ref is None:
+            raise ConfigError(
+                f"placement {self.stage.placement!r} of stage {self.name!r} is not resolved: resolve the pipeline with resolve()",
+                key=f"stages.{self.name}.placement",
+            )
         on_message = lambda message, i=index: self._on_message(i, message)  # noqa: E731
-        if self.stage.placement == "inline":
-            return InlineReplica(self.pipeline, self.stage, index, self._inline_connectors, on_message, self._loop)
-        if self.stage.placement == "process":
-            return ProcessReplica(self.pipeline, self.stage, index, on_message, self._loop)
-        raise ConfigError(f"placement {self.stage.placement!r} is not available in this build", key=f"stages.{self.name}.placement")
+        context = ReplicaContext(self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors)
+        replica = load_ref(self.stage.placement_ref)(context)
+        if not isinstance(replica, Replica):
+            raise ConfigError(
+                f"placement {self.stage.placement!r} ({self.stage.placement_ref}) built a {type(replica).__name__}, "
+                "not an omni_core.runtime.placement.Replica",
+                key=f"stages.{self.name}.placement",
+            )
+        return replica
 
     # -- lifecycle -------------------------------------------------------------------------------
 

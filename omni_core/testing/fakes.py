@@ -128,6 +128,7 @@ def passthrough_pipeline(
                 output="text" if i == stages - 1 else None,
                 final=i == stages - 1,
                 placement=placement,
+                placement_ref=f"omni_core.runtime.replica:{'InlineReplica' if placement == 'inline' else 'ProcessReplica'}",
                 replicas=replicas,
                 options={"max_batch_size": 64, "step_delay_s": step_delay_s},
             )

@@ -1,0 +1,70 @@
+"""Placements: where a stage's replicas run, one protocol whatever runs them.
+
+A placement is a `Replica` subclass registered by name (``register_placements``: the core's
+``inline`` and ``process``, a plugin's others). `StageGroup` builds one per replica from the
+stage's resolved ``placement_ref`` and knows no concrete class: it starts it, sends it messages,
+hears from it through ``on_message`` (``None`` when the replica died) and stops it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from typing import Any, Callable, ClassVar
+
+import attrs
+
+from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.connectors.base import Connector
+
+OnMessage = Callable[[Any], None]
+"""Called on the engine's event loop with each message a replica's worker sends; ``None`` once the
+replica died (after every message it sent before)."""
+
+
+@attrs.frozen
+class ReplicaContext:
+    """What every placement's replica is built with.
+
+    - `pipeline`, `stage`, `index`: the replica to run (its worker runs
+      `omni_core.runtime.worker.StageWorker` for them);
+    - `on_message`, `loop`: how the worker's messages reach the engine (call ``on_message`` on
+      `loop`, e.g. with ``loop.call_soon_threadsafe``);
+    - `local_connectors`: the engine's own connector instances by key, for a replica in the
+      engine's process (in-process connectors only work there); others build their own.
+    """
+
+    pipeline: ResolvedPipeline
+    stage: ResolvedStage
+    index: int
+    on_message: OnMessage
+    loop: asyncio.AbstractEventLoop
+    local_connectors: dict[str, Connector] = attrs.field(factory=dict)
+
+
+class Replica(abc.ABC):
+    """One replica of a stage, wherever it runs. Built with a `ReplicaContext`; the constructor
+    does no work (`start` does)."""
+
+    placement: ClassVar[str]
+    """The registered name, as `health` reports it."""
+
+    def __init__(self, context: ReplicaContext) -> None:
+        self.context = context
+        self.index = context.index
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start the worker (return at once; it reports `Ready` or `LoadFailed` through ``on_message``)."""
+
+    @abc.abstractmethod
+    def send(self, message: Any) -> None:
+        """Queue a message for the worker, without blocking (dropped if the replica died)."""
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Whether the worker is running."""
+
+    @abc.abstractmethod
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Ask the worker to shut down; end it by force when it does not within `timeout` seconds."""
