@@ -132,6 +132,20 @@ class Shm:
         self.options = options
 
 
+class Net(Shm):
+    """A connector that reaches across hosts."""
+
+    host_local = False
+
+
+class Remote:
+    """Stands in for a placement whose replicas may land on any host (as Ray's may)."""
+
+    @classmethod
+    def host(cls, deploy: Any) -> str | None:
+        return None
+
+
 def toy_fp8(kind: str, options: dict[str, Any]) -> dict[str, Any]:
     """A plugin's quantization resolver: what each kind's runtime applies."""
     return {"quantization": "fp8"} if kind == "ar" else {"method": "fp8", "kind": kind}
@@ -182,9 +196,13 @@ def host() -> StandInHost:
             )
         },
         stage_runtimes={"ar": f"{HERE}:ToyARRuntime", "generation": f"{HERE}:ToyDecodeRuntime"},
-        connectors={"inproc": f"{HERE}:InProc", "shm": f"{HERE}:Shm"},
+        connectors={"inproc": f"{HERE}:InProc", "shm": f"{HERE}:Shm", "net": f"{HERE}:Net"},
         quantization_resolvers={"fp8": f"{HERE}:toy_fp8", "w4": f"{HERE}:toy_w4"},
-        placements={"inline": "toy.placement:Inline", "process": "toy.placement:Process"},
+        placements={
+            "inline": "omni_core.runtime.replica:InlineReplica",
+            "process": "omni_core.runtime.replica:ProcessReplica",
+            "remote": f"{HERE}:Remote",
+        },
     )
 
 
@@ -354,7 +372,7 @@ def reject(host: StandInHost, checkpoint: Path, key: str, *overrides: str, deplo
         ("vocoder.max_num_seqs=3", "stages.vocoder.options.max_num_seqs", "chunk_size"),
         ("streaming=maybe", "streaming", "true or false"),
         ("thinker.placement=ray", "stages.thinker.placement", "unknown placement 'ray'; known: inline, process"),
-        ("edge.thinker->talker.connector=carrier-pigeon", "edges.thinker->talker.connector", "inproc, shm"),
+        ("edge.thinker->talker.connector=carrier-pigeon", "edges.thinker->talker.connector", "inproc, net, shm"),
         ("edge.thinker->talker.slotz=4", "edges.thinker->talker.options.slotz", "did you mean 'slots'"),
         ("edge.thinker->nobody.connector=shm", "edges.thinker->nobody", "unknown stage 'nobody'"),
         ("edge.thinker->vocoder.connector=shm", "edges.thinker->vocoder", "thinker->talker"),
@@ -389,6 +407,18 @@ def test_override_rejections_name_the_key(host, checkpoint, override, key, hint)
 )
 def test_malformed_overrides(host, checkpoint, text, key):
     reject(host, checkpoint, key, text)
+
+
+def test_an_edge_that_may_cross_hosts_gets_a_connector_that_reaches_across(host, checkpoint):
+    resolved = resolve(str(checkpoint), overrides=["talker.placement=remote"], plugins=host)
+    assert resolved.stage("talker").inputs[0].connector == "net"  # the default: one that reaches
+    assert resolved.stage("vocoder").inputs[0].connector == "net"
+    assert resolved.output_connector == "net"  # the engine talks to the talker across hosts too
+    error = reject(host, checkpoint, "edges.thinker->talker.connector", "talker.placement=remote", "edge.thinker->talker.connector=shm")
+    assert "stages 'thinker' and 'talker' may run on different hosts, but connector 'shm' works within one host: use net" in str(error)
+    no_network = attrs.evolve(host, connectors={k: v for k, v in host.connectors.items() if k != "net"})
+    error = reject(no_network, checkpoint, "edges.thinker->talker.connector", "talker.placement=remote")
+    assert "pip install omni-connectors-mooncake" in str(error)
 
 
 @pytest.mark.parametrize("text", ["edge.thinker-", "edge.thinker.connector=shm"])

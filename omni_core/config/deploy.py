@@ -13,6 +13,9 @@ import attrs
 # ``ray`` (multi-node actors) is designed for but not built yet: rejected at resolve time for now.
 LoadBalancer = Literal["least_loaded", "round_robin"]
 
+ENGINE_HOST = "engine"
+"""What a placement's `Replica.host` says of a stage on the engine's own host."""
+
 
 @attrs.frozen
 class StageDeploy:

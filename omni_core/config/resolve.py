@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import yaml
 
-from omni_core.config.deploy import DeployConfig, EdgeDeploy, StageDeploy
+from omni_core.config.deploy import ENGINE_HOST, DeployConfig, EdgeDeploy, StageDeploy
 from omni_core.config.modelref import CHECKPOINT_DTYPE, checkpoint_dtype, read_hf_config, resolve_model_path
 from omni_core.config.overrides import STAGE_FIELDS, deep_merge, overrides_to_dict, unknown_name_message
 from omni_core.config.pipeline import MODALITIES, PipelineConfig, StageSpec
@@ -483,8 +483,16 @@ def _resolve_edge(
     raw_edge = (raw.get("edges") or {}).get(key) or {}
     edge = config.edges.get(key, EdgeDeploy())
     inline = [stage_deploys[source].placement == "inline", stage_deploys[target].placement == "inline"]
-    name = edge.connector if "connector" in raw_edge else ("inproc" if all(inline) else "shm")
-    ref = _connector_ref(name, all(inline), f"edges.{key}.connector", plugins)
+    hosts = {_host(stage_deploys[source], plugins), _host(stage_deploys[target], plugins)}
+    apart = None in hosts or len(hosts) > 1
+    where = f"edges.{key}.connector"
+    if "connector" in raw_edge:
+        name = edge.connector
+    else:
+        name = _cross_host_connector(plugins, f"edge {key}", where) if apart else ("inproc" if all(inline) else "shm")
+    ref = _connector_ref(name, all(inline), where, plugins)
+    if apart:
+        _check_reach(name, ref, f"edge {key}: stages {source!r} and {target!r} may run on different hosts", where, plugins)
     _check_connector_options(name, ref, edge.options, f"edges.{key}.options")
     return ResolvedEdge(
         source=source,
@@ -494,6 +502,36 @@ def _resolve_edge(
         connector_ref=ref,
         connector_options=dict(edge.options),
     )
+
+
+def _host(deploy: StageDeploy, plugins: PluginHost) -> str | None:
+    """Where a stage deployed so runs (`Replica.host` of its placement)."""
+    return load_ref(plugins.placements[deploy.placement]).host(deploy)
+
+
+def _reaches_across_hosts(ref: str) -> bool:
+    return not getattr(load_ref(ref), "host_local", True)
+
+
+def _cross_host_connector(plugins: PluginHost, what: str, key: str) -> str:
+    """The default connector where two ends may be on different hosts: Mooncake's store when it is
+    installed, else any registered connector that reaches across hosts."""
+    candidates = [name for name, ref in sorted(plugins.connectors.items()) if _reaches_across_hosts(ref)]
+    if not candidates:
+        raise ConfigError(
+            f"{what}: its ends may run on different hosts and no installed connector reaches across hosts: "
+            "pip install omni-connectors-mooncake",
+            key=key,
+        )
+    return "mooncake-store" if "mooncake-store" in candidates else candidates[0]
+
+
+def _check_reach(name: str, ref: str, why: str, key: str, plugins: PluginHost) -> None:
+    if _reaches_across_hosts(ref):
+        return
+    others = [other for other, other_ref in sorted(plugins.connectors.items()) if _reaches_across_hosts(other_ref)]
+    fix = f"use {', '.join(others)}" if others else "install one that reaches across hosts: pip install omni-connectors-mooncake"
+    raise ConfigError(f"{why}, but connector {name!r} works within one host: {fix}", key=key)
 
 
 def _resolve_output_connector(
@@ -506,11 +544,17 @@ def _resolve_output_connector(
     # The same connector carries request input into entry stages and user-facing outputs back
     # from any stage, so it can only be in-process when every stage is.
     all_inline = all(stage_deploys[spec.name].placement == "inline" for spec in pipeline.stages)
+    # It links the engine with every stage: a stage off the engine's host needs a network connector.
+    apart = any(_host(stage_deploys[spec.name], plugins) != ENGINE_HOST for spec in pipeline.stages)
     raw_out = raw.get("output_connector") or {}
-    name = (
-        config.output_connector.connector if "connector" in raw_out else ("inproc" if all_inline else "shm")
-    )
-    ref = _connector_ref(name, all_inline, "output_connector.connector", plugins)
+    key = "output_connector.connector"
+    if "connector" in raw_out:
+        name = config.output_connector.connector
+    else:
+        name = _cross_host_connector(plugins, "output_connector", key) if apart else ("inproc" if all_inline else "shm")
+    ref = _connector_ref(name, all_inline, key, plugins)
+    if apart:
+        _check_reach(name, ref, "output_connector: a stage may run on another host than the engine", key, plugins)
     _check_connector_options(name, ref, config.output_connector.options, "output_connector.options")
     return name, ref, dict(config.output_connector.options)
 

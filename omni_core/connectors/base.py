@@ -8,7 +8,7 @@ channel. Every connector passes the contract suite in `omni_core.testing.connect
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 from omni_core.outputs import Payload
 
@@ -43,9 +43,16 @@ class Connector(abc.ABC):
        raise `ConnectorClosedError`, and the handles it put but nobody got fail with a
        `ConnectorError` in any instance, in any process (never garbage).
 
+    A connector that reaches across hosts sets `host_local` to False (see there).
+
     `omni_core.connectors.serialize` splits a payload into its tensor bytes and a small pickled
     skeleton (`split_payload` / `join_payload`) for connectors that move bytes themselves.
     """
+
+    host_local: ClassVar[bool] = True
+    """Whether this connector only links processes of one host (shared memory, in-process queues).
+    A connector that moves payloads between hosts sets False; `resolve()` refuses a host-local one
+    on an edge whose ends may run on different hosts (`Replica.host`)."""
 
     def __init__(self, **options: Any) -> None:
         self.options = options

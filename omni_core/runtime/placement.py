@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar
 
 import attrs
 
+from omni_core.config.deploy import ENGINE_HOST, StageDeploy
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 
@@ -52,6 +53,16 @@ class Replica(abc.ABC):
     def __init__(self, context: ReplicaContext) -> None:
         self.context = context
         self.index = context.index
+
+    @classmethod
+    def host(cls, deploy: StageDeploy) -> str | None:
+        """The host a stage deployed so will run on, as far as the placement knows before it
+        starts: ``"engine"``, the engine's own host (the default: ``inline``, ``process``); another
+        key for a group of hosts (stages with equal keys share a host); None when its replicas may
+        land on any host. `resolve()` refuses a host-local connector between stages on different
+        (or unknown) hosts. Never decide it from hostnames or addresses: two simulated nodes share
+        them."""
+        return ENGINE_HOST
 
     @abc.abstractmethod
     def start(self) -> None:
