@@ -509,28 +509,31 @@ def _host(deploy: StageDeploy, plugins: PluginHost) -> str | None:
     return load_ref(plugins.placements[deploy.placement]).host(deploy)
 
 
-def _reaches_across_hosts(ref: str) -> bool:
-    return not getattr(load_ref(ref), "host_local", True)
+_CROSS_HOST_INSTALL = "pip install omni-connectors-mooncake"
+
+
+def _cross_host_connectors(plugins: PluginHost) -> list[str]:
+    """Registered connectors that reach across hosts (not `Connector.host_local`), Mooncake's
+    store first: the default where two ends may be on different hosts."""
+    names = [name for name, ref in sorted(plugins.connectors.items()) if not getattr(load_ref(ref), "host_local", True)]
+    return sorted(names, key=lambda name: name != "mooncake-store")
 
 
 def _cross_host_connector(plugins: PluginHost, what: str, key: str) -> str:
-    """The default connector where two ends may be on different hosts: Mooncake's store when it is
-    installed, else any registered connector that reaches across hosts."""
-    candidates = [name for name, ref in sorted(plugins.connectors.items()) if _reaches_across_hosts(ref)]
+    candidates = _cross_host_connectors(plugins)
     if not candidates:
         raise ConfigError(
-            f"{what}: its ends may run on different hosts and no installed connector reaches across hosts: "
-            "pip install omni-connectors-mooncake",
+            f"{what}: its ends may run on different hosts and no installed connector reaches across hosts: {_CROSS_HOST_INSTALL}",
             key=key,
         )
-    return "mooncake-store" if "mooncake-store" in candidates else candidates[0]
+    return candidates[0]
 
 
 def _check_reach(name: str, ref: str, why: str, key: str, plugins: PluginHost) -> None:
-    if _reaches_across_hosts(ref):
+    if not getattr(load_ref(ref), "host_local", True):
         return
-    others = [other for other, other_ref in sorted(plugins.connectors.items()) if _reaches_across_hosts(other_ref)]
-    fix = f"use {', '.join(others)}" if others else "install one that reaches across hosts: pip install omni-connectors-mooncake"
+    others = _cross_host_connectors(plugins)
+    fix = f"use {', '.join(others)}" if others else f"install one that reaches across hosts: {_CROSS_HOST_INSTALL}"
     raise ConfigError(f"{why}, but connector {name!r} works within one host: {fix}", key=key)
 
 

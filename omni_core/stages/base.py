@@ -10,10 +10,11 @@ it produced. Nothing here is per-request Python work inside a step.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, Literal, TypeVar
 
 import attrs
 
+from omni_core.config.modelref import CHECKPOINT_DTYPE
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import StageError
 from omni_core.outputs import Chunk, StageInput
@@ -21,8 +22,28 @@ from omni_core.parts import Part, PartContext, build_part
 
 ModelPart = TypeVar("ModelPart", bound=Part)
 
+Dtype = Literal["float32", "bfloat16", "float16", "checkpoint"]
+"""A model part's weight dtype; ``checkpoint``: the dtype the checkpoint stores them in."""
+
 ProgressCallback = Callable[[str, float], None]
 """``progress(description, fraction)`` reported while loading (0.0 .. 1.0)."""
+
+
+def dtype_option(default: str = "float32") -> Any:
+    """The ``dtype`` option of a runtime whose model part loads in torch (`Dtype`)."""
+    return attrs.field(
+        default=default,
+        validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE)),
+        metadata={"doc": "The weights' dtype (``checkpoint``: the dtype the checkpoint stores them in)."},
+    )
+
+
+def device_option() -> Any:
+    """The ``device`` option that `StageRuntime.device` reads."""
+    return attrs.field(
+        default=None,
+        metadata={"doc": "The torch device (``None``: the stage's first device, else CUDA when available, else CPU)."},
+    )
 
 
 @attrs.frozen

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
-from omni_core.config.modelref import CHECKPOINT_DTYPE, resolve_dtype
+from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.stages.base import ProgressCallback, StageRuntime
+from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option
 from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 
-Dtype = Literal["float32", "bfloat16", "float16", "checkpoint"]
 
 
 @attrs.frozen
@@ -46,15 +45,8 @@ class DiffusionOptions:
         validator=attrs.validators.ge(0),
         metadata={"doc": "When the stage is idle, how long the first request waits for others to start with it (0: never)."},
     )
-    dtype: Dtype = attrs.field(
-        default="float32",
-        validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE)),
-        metadata={"doc": "The weights' dtype (``checkpoint``: the dtype the checkpoint stores them in)."},
-    )
-    device: str | None = attrs.field(
-        default=None,
-        metadata={"doc": "The torch device (``None``: the stage's first device, else CUDA when available, else CPU)."},
-    )
+    dtype: Dtype = dtype_option()
+    device: str | None = device_option()
     quantization: str | None = attrs.field(
         default=None,
         metadata={

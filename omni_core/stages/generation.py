@@ -11,21 +11,20 @@ final (one decode per segment) and sent as one chunk.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from omni_core.config.modelref import CHECKPOINT_DTYPE, resolve_dtype
+from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.stages.base import ProgressCallback, StageRuntime
+from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
 
 if TYPE_CHECKING:
     import torch
 
-Dtype = Literal["float32", "bfloat16", "float16", "checkpoint"]
 
 
 def _positive_or_none(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
@@ -69,15 +68,8 @@ class GenerationOptions:
             "(``None``: never more than `chunk_size`)."
         },
     )
-    dtype: Dtype = attrs.field(
-        default="float32",
-        validator=attrs.validators.in_(("float32", "bfloat16", "float16", CHECKPOINT_DTYPE)),
-        metadata={"doc": "The weights' dtype (``checkpoint``: the dtype the checkpoint stores them in)."},
-    )
-    device: str | None = attrs.field(
-        default=None,
-        metadata={"doc": "The torch device (``None``: the stage's first device, else CUDA when available, else CPU)."},
-    )
+    dtype: Dtype = dtype_option()
+    device: str | None = device_option()
     chunk_size: int | None = attrs.field(
         default=None,
         validator=_positive_or_none,
