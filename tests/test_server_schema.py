@@ -47,7 +47,14 @@ def test_chat_route_never_fails_with_5xx(chat_operation: Any, live_server: LiveS
     cases = st.one_of(chat_operation.as_strategy(GenerationMode.POSITIVE), chat_operation.as_strategy(GenerationMode.NEGATIVE))
     seen: list[int] = []
 
-    @hypothesis.settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(hypothesis.HealthCheck), database=None)
+    # A valid request the server must answer 200, whatever hypothesis draws next to it. The drawn
+    # cases are derandomized: a CI run and a local run send the same bodies, so a failure repeats.
+    valid = chat_operation.Case(body={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+
+    @hypothesis.settings(
+        max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(hypothesis.HealthCheck), database=None, derandomize=True
+    )
+    @hypothesis.example(case=valid)
     @hypothesis.given(case=cases)
     def check(case: Any) -> None:
         if isinstance(case.body, dict) and "model" in case.body:
