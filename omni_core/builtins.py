@@ -24,6 +24,7 @@ def register_connectors(register: Callable[[str, str], None]) -> None:
 def register_placements(register: Callable[[str, str], None]) -> None:
     register("inline", "omni_core.runtime.replica:InlineReplica")
     register("process", "omni_core.runtime.replica:ProcessReplica")
+    register("ray", "omni_core.runtime.ray_placement:RayReplica")  # Ray imported only when one starts
 
 
 @hookimpl

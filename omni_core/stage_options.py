@@ -77,8 +77,9 @@ class OptionSection:
     error: str | None = None  # why the options could not be read (the runtime failed to import)
 
 
-def option_docs(options_class: type) -> tuple[OptionDoc, ...]:
-    """Every field of the attrs class `options_class`, in definition order."""
+def option_docs(options_class: type, prefix: str = "") -> tuple[OptionDoc, ...]:
+    """Every field of the attrs class `options_class`, in definition order; a field that is an
+    attrs class itself (``ray``) is listed, then each of its fields as ``ray.NAME``."""
     hints = _type_hints(options_class)
     docs = []
     for field in attrs.fields(options_class):
@@ -87,9 +88,15 @@ def option_docs(options_class: type) -> tuple[OptionDoc, ...]:
         if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
             # A factory that needs the instance has no default to show without building one.
             default = None if default.takes_self else default.factory()
+        nested = hints.get(field.name)
+        if isinstance(nested, type) and attrs.has(nested):
+            doc = " ".join(str(field.metadata.get(DOC_KEY, "")).split())
+            docs.append(OptionDoc(name=prefix + field.name, type="mapping", required=False, default={}, doc=doc))
+            docs.extend(option_docs(nested, prefix=f"{prefix}{field.name}."))
+            continue
         docs.append(
             OptionDoc(
-                name=field.name,
+                name=prefix + field.name,
                 type=_type_text(hints[field.name]) if field.name in hints else str(field.type),
                 required=required,
                 default=None if required else default,

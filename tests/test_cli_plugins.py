@@ -109,7 +109,7 @@ def test_plugins_lists_the_names_each_plugin_registered(host: PluginHost) -> Non
         "stage kinds": ["ar", "diffusion", "generation"],
         "connectors": ["inproc", "shm"],
         "quantization resolvers": ["fp8", "int8"],
-        "placements": ["inline", "process"],
+        "placements": ["inline", "process", "ray"],
     }
     assert rows["Families"]["registered"] == {"families": ["cosmos3", "qwen3-omni"]}
     # `plugins` is what the plugin registered, though the CLI ignores it (with a warning).

@@ -30,8 +30,11 @@ from omni_core.config import (
     resolve_model_path,
     resolve_pipeline,
 )
+from omni_core.config.deploy import RayStageDeploy
 from omni_core.errors import ConfigError, UnknownModelError
 from omni_core.families import PipelineFamily
+from omni_core.runtime.placement import Replica
+from omni_core.runtime.ray_placement import RayReplica
 
 HERE = __name__
 DEPLOY_PACKAGE = "omni_toy_deploy_pkg"
@@ -108,6 +111,10 @@ def toy_stages() -> tuple[StageSpec, ...]:
     )
 
 
+def toy_pipeline_with_shm(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
+    return attrs.evolve(toy_pipeline(model_path, hf_config), default_deploy=f"{DEPLOY_PACKAGE}:deploy/toy-shm.yaml")
+
+
 def toy_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
     return PipelineConfig(
         family="toy",
@@ -138,8 +145,8 @@ class Net(Shm):
     host_local = False
 
 
-class Remote:
-    """Stands in for a placement whose replicas may land on any host (as Ray's may)."""
+class Remote(Replica):
+    """Stands in for a placement whose replicas may land on any host (as Ray's may); never started."""
 
     @classmethod
     def host(cls, deploy: Any) -> str | None:
@@ -202,6 +209,7 @@ def host() -> StandInHost:
             "inline": "omni_core.runtime.replica:InlineReplica",
             "process": "omni_core.runtime.replica:ProcessReplica",
             "remote": f"{HERE}:Remote",
+            "ray": "omni_core.runtime.ray_placement:RayReplica",
         },
     )
 
@@ -213,6 +221,7 @@ def deploy_package_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (package / "deploy").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "deploy" / "toy.yaml").write_text(DEFAULT_DEPLOY)
+    (package / "deploy" / "toy-shm.yaml").write_text("defaults: {placement: process}\nedges:\n  thinker->talker: {connector: shm}\n")
     return root
 
 
@@ -371,7 +380,7 @@ def reject(host: StandInHost, checkpoint: Path, key: str, *overrides: str, deplo
         ("thinker.devices=cpu", "stages.thinker.devices", "a list"),
         ("vocoder.max_num_seqs=3", "stages.vocoder.options.max_num_seqs", "chunk_size"),
         ("streaming=maybe", "streaming", "true or false"),
-        ("thinker.placement=ray", "stages.thinker.placement", "unknown placement 'ray'; known: inline, process"),
+        ("thinker.placement=rey", "stages.thinker.placement", "unknown placement 'rey' (did you mean 'ray'?); known: inline, process, ray, remote"),
         ("edge.thinker->talker.connector=carrier-pigeon", "edges.thinker->talker.connector", "inproc, net, shm"),
         ("edge.thinker->talker.slotz=4", "edges.thinker->talker.options.slotz", "did you mean 'slots'"),
         ("edge.thinker->nobody.connector=shm", "edges.thinker->nobody", "unknown stage 'nobody'"),
@@ -419,6 +428,46 @@ def test_an_edge_that_may_cross_hosts_gets_a_connector_that_reaches_across(host,
     no_network = attrs.evolve(host, connectors={k: v for k, v in host.connectors.items() if k != "net"})
     error = reject(no_network, checkpoint, "edges.thinker->talker.connector", "talker.placement=remote")
     assert "pip install omni-connectors-mooncake" in str(error)
+
+
+def test_ray_stages_pinned_alike_share_a_host_and_others_do_not(host, checkpoint):
+    pin_b = ["talker.placement=ray", "vocoder.placement=ray", "talker.ray.resources.node_b=0.01", "vocoder.ray.resources.node_b=0.01"]
+    resolved = resolve(str(checkpoint), overrides=pin_b, plugins=host)
+    assert resolved.stage("talker").inputs[0].connector == "net"  # the engine's host -> node b
+    assert resolved.stage("vocoder").inputs[0].connector == "shm"  # both on node b: shared memory is right
+    assert resolved.output_connector == "net"
+    talker = resolved.stage("talker")
+    assert talker.placement_options == {"resources": {"node_b": 0.01}, "num_cpus": 1.0, "num_gpus": 0.0, "label_selector": {}}
+    assert resolved.placements == {"ray": {"address": None}, "inline": {}}
+    assert ResolvedPipeline.from_dict(json.loads(json.dumps(resolved.to_dict()))) == resolved
+    # Different pins (a resource, a label), or none at all: different (or unknown) hosts.
+    for vocoder in (["vocoder.ray.resources.node_c=0.01"], ["vocoder.ray.label_selector={omni-node: b}"], []):
+        overrides = [*pin_b[:3], "vocoder.placement=ray", *vocoder, "edge.talker->vocoder.connector=shm"]
+        error = reject(host, checkpoint, "edges.talker->vocoder.connector", *overrides)
+        assert "stages 'talker' and 'vocoder' may run on different hosts" in str(error)
+    # Only CPUs and GPUs pin nothing.
+    assert RayReplica.host(StageDeploy(placement="ray", ray=RayStageDeploy(resources={"CPU": 2.0}, num_gpus=1))) is None
+
+
+def test_ray_options_are_checked_and_the_address_is_deploy_wide(host, checkpoint):
+    error = reject(host, checkpoint, "stages.talker.ray.gpus", "talker.placement=ray", "talker.ray.gpus=1")
+    assert "did you mean" in str(error)
+    error = reject(host, checkpoint, "stages.talker.ray", "talker.placement=ray", "talker.ray.num_cpus=-1")
+    assert "'num_cpus' must be >= 0: -1" in str(error)
+    resolved = resolve(str(checkpoint), overrides=["talker.placement=ray", "ray.address=10.0.0.5:6379", "talker.ray.num_gpus=1"], plugins=host)
+    assert resolved.placements["ray"] == {"address": "10.0.0.5:6379"}
+    assert resolved.stage("talker").placement_options["num_gpus"] == 1
+
+
+def test_a_family_default_connector_yields_where_stages_move_apart_but_a_chosen_one_is_refused(host, checkpoint, tmp_path):
+    # The family's default deploy names shm for thinker->talker (written for one host).
+    family = host.families["toy"]
+    with_shm = attrs.evolve(host, families={"toy": attrs.evolve(family, pipeline=f"{HERE}:toy_pipeline_with_shm")})
+    assert resolve(str(checkpoint), plugins=with_shm).stage("talker").inputs[0].connector == "shm"
+    moved = resolve(str(checkpoint), overrides=["talker.placement=remote"], plugins=with_shm)
+    assert moved.stage("talker").inputs[0].connector == "net"
+    error = reject(with_shm, checkpoint, "edges.thinker->talker.connector", "talker.placement=remote", "edge.thinker->talker.connector=shm")
+    assert "works within one host: use net" in str(error)
 
 
 @pytest.mark.parametrize("text", ["edge.thinker-", "edge.thinker.connector=shm"])
@@ -668,3 +717,10 @@ def test_checkpoint_dtype_is_checked_before_anything_starts(host, checkpoint):
     (checkpoint / "config.json").write_text(json.dumps({"architectures": ["ToyForOmni"], "torch_dtype": "bfloat16"}))
     resolved = resolve(str(checkpoint), overrides=["talker.dtype=checkpoint"], plugins=host)
     assert resolved.stage("talker").options["dtype"] == "checkpoint"  # the stage resolves it where it loads
+
+
+def test_a_deploy_file_a_plugin_ships_is_named_package_colon_path(host, checkpoint):
+    resolved = resolve(str(checkpoint), deploy=f"{DEPLOY_PACKAGE}:deploy/toy-shm.yaml", plugins=host)
+    assert resolved.stage("thinker").placement == "process"
+    error = reject(host, checkpoint, f"{DEPLOY_PACKAGE}:deploy/nothing.yaml", deploy=f"{DEPLOY_PACKAGE}:deploy/nothing.yaml")
+    assert f"a file of package {DEPLOY_PACKAGE}" in str(error)

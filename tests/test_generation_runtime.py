@@ -232,6 +232,19 @@ def test_final_input_without_new_frames_closes_the_stream(checkpoint: Path) -> N
     assert only.final and only.error is None and only.data["audio"].shape == (0,)
 
 
+def test_token_id_lists_as_an_ar_stage_sends_them_decode_like_codes(checkpoint: Path) -> None:
+    # An ar stage's chunks: each step's new token ids as a list, some steps none, the last often
+    # empty; fed with no edge adapter (the default passes chunk data through).
+    runtime = make_runtime(checkpoint, chunk_size=4)
+    codes = random_codes({"a": 9}, seed=5)["a"]
+    ids = codes.tolist()
+    pieces = [ids[:1], [], ids[1:2], ids[2:6], [], ids[6:9], []]
+    feeds = [("a", StageInput(data={"codes": piece, "text": "x"}, final=i == len(pieces) - 1)) for i, piece in enumerate(pieces)]
+    chunks = run_to_end(runtime, feeds)["a"]
+    assert_well_formed(chunks)
+    np.testing.assert_allclose(joined(chunks), full_decode(runtime, codes), atol=1e-5)
+
+
 def test_abort_frees_the_request(checkpoint: Path) -> None:
     runtime = make_runtime(checkpoint, chunk_size=4)
     runtime.add_request("a", StageInput(data={"codes": torch.arange(10)}, final=False))

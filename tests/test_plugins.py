@@ -92,7 +92,7 @@ def test_builtins_always_loaded_first_and_register_core_parts() -> None:
             "stage kinds": ["ar", "diffusion", "generation"],
             "connectors": ["inproc", "shm"],
             "quantization resolvers": ["fp8", "int8"],
-            "placements": ["inline", "process"],
+            "placements": ["inline", "process", "ray"],
         },
         "error": None,
     }
@@ -256,18 +256,19 @@ def test_hook_register_connectors_duplicate_of_builtin_names_both() -> None:
 
 
 def test_hook_register_placements_adds_to_the_builtin_ones() -> None:
-    class Ray:
+    class Slurm:
 
         @hookimpl
         def register_placements(register: Callable[[str, str], None]) -> None:
-            register("ray", "omni_core.placements.ray:RayReplica")
+            register("slurm", "omni_slurm:SlurmReplica")
             register("process", "elsewhere:Process")
 
-    host = host_with(Ray)
-    assert host.placements["ray"] == "omni_core.placements.ray:RayReplica"
+    host = host_with(Slurm)
+    assert host.placements["slurm"] == "omni_slurm:SlurmReplica"
     assert host.placements["inline"] == "omni_core.runtime.replica:InlineReplica"
-    assert host.owner("placement", "ray") == "Ray"
-    assert "'process'" in host.failures["Ray"]  # a built-in name: a conflict naming both
+    assert host.placements["ray"] == "omni_core.runtime.ray_placement:RayReplica"
+    assert host.owner("placement", "slurm") == "Slurm"
+    assert "'process'" in host.failures["Slurm"]  # a built-in name: a conflict naming both
 
 
 def test_hook_register_quantization_resolvers() -> None:
@@ -479,7 +480,7 @@ def test_describe_lists_every_plugin_in_load_order() -> None:
                 "stage kinds": ["ar", "diffusion", "generation"],
                 "connectors": ["inproc", "shm"],
                 "quantization resolvers": ["fp8", "int8"],
-                "placements": ["inline", "process"],
+                "placements": ["inline", "process", "ray"],
             },
             "error": None,
         },

@@ -17,7 +17,7 @@ import click
 
 from omni_core.errors import ConfigError, InvalidRequestError
 
-deploy_option = click.option("--deploy", type=click.Path(dir_okay=False, path_type=Path), help="A deploy YAML file (over the family's default).")
+deploy_option = click.option("--deploy", type=click.Path(dir_okay=False, path_type=Path), help="A deploy YAML file (over the family's default), or one a plugin ships: PACKAGE:PATH.yaml (omni_qwen3:deploy/two-nodes.yaml).")
 set_option = click.option("--set", "overrides", multiple=True, metavar="STAGE.OPTION=VALUE", help="Override a deploy setting; repeatable, later wins.")
 
 

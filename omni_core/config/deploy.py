@@ -10,11 +10,57 @@ from typing import Any, Literal
 
 import attrs
 
-# ``ray`` (multi-node actors) is designed for but not built yet: rejected at resolve time for now.
 LoadBalancer = Literal["least_loaded", "round_robin"]
 
 ENGINE_HOST = "engine"
 """What a placement's `Replica.host` says of a stage on the engine's own host."""
+
+
+@attrs.frozen
+class RayStageDeploy:
+    """Where a ``ray`` replica's actor may run and what it reserves (``stages.NAME.ray``)."""
+
+    resources: dict[str, float] = attrs.field(
+        factory=dict,
+        metadata={
+            "doc": "Ray resources each replica's actor reserves, e.g. ``{node_b: 0.01}`` for a custom resource "
+            "that one node (or group of nodes) declares (``ray start --resources``). Stages with equal custom "
+            "resources and labels are taken to share a host."
+        },
+    )
+    num_cpus: float = attrs.field(
+        default=1.0, validator=attrs.validators.ge(0), metadata={"doc": "CPUs each replica's actor reserves."}
+    )
+    num_gpus: float = attrs.field(
+        default=0.0,
+        validator=attrs.validators.ge(0),
+        metadata={"doc": "GPUs each replica's actor reserves; Ray sets its ``CUDA_VISIBLE_DEVICES``."},
+    )
+    label_selector: dict[str, str] = attrs.field(
+        factory=dict,
+        metadata={"doc": "Node labels the actor's node must have (``ray start --labels``), e.g. ``{omni-node: b}``."},
+    )
+
+    @property
+    def pinned(self) -> bool:
+        """Whether these options tie the actor to a chosen node or group (a custom resource or a label)."""
+        return bool(self.label_selector) or any(name not in _RAY_BUILTIN_RESOURCES for name in self.resources)
+
+
+_RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
+@attrs.frozen
+class RayDeploy:
+    """The Ray cluster of the ``ray`` placement (the deploy file's top-level ``ray``)."""
+
+    address: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "``auto`` (the cluster this machine joined with ``ray start``) or ``HOST:PORT``. Unset: "
+            "``RAY_ADDRESS`` when set, else a local Ray that Omni starts with the engine and stops with it."
+        },
+    )
 
 
 @attrs.frozen
@@ -28,7 +74,8 @@ class StageDeploy:
         default="process",
         metadata={
             "doc": "Where each replica runs, a registered placement (``omni plugins``): ``process``, a spawned worker "
-            "process of its own; ``inline``, a thread of the engine's process (tests, light stages)."
+            "process of its own; ``inline``, a thread of the engine's process (tests, light stages); ``ray``, a Ray "
+            "actor on any node of a Ray cluster (``pip install 'omni-core[ray]'``; see `ray`)."
         },
     )
     replicas: int = attrs.field(
@@ -74,6 +121,10 @@ class StageDeploy:
             "2-7x faster CPU elementwise ops); its resident memory stays at its peak. ``process`` placement only."
         },
     )
+    ray: RayStageDeploy = attrs.field(
+        factory=RayStageDeploy,
+        metadata={"doc": "``ray`` placement only: the node (resources, labels) and reservations of each replica's actor."},
+    )
     options: dict[str, Any] = attrs.field(
         factory=dict,
         metadata={
@@ -103,3 +154,4 @@ class DeployConfig:
     stages: dict[str, StageDeploy] = attrs.field(factory=dict)
     edges: dict[str, EdgeDeploy] = attrs.field(factory=dict)
     output_connector: EdgeDeploy = attrs.field(factory=EdgeDeploy)
+    ray: RayDeploy = attrs.field(factory=RayDeploy)

@@ -98,6 +98,8 @@ def _deploy_path(key: str, stage_names: Sequence[str]) -> list[str]:
         if not rest:
             raise ConfigError("write output_connector.connector=NAME", key=key)
         return ["output_connector", *_connector_path(rest)]
+    if head == "ray" and rest:  # ray.address=auto
+        return ["ray", *rest.split(".")]
     if head == "stages":
         head, _, rest = rest.partition(".")
     if head not in stage_names:
@@ -107,6 +109,8 @@ def _deploy_path(key: str, stage_names: Sequence[str]) -> list[str]:
     field, _, below = rest.partition(".")
     if field in STAGE_FIELDS and not below:
         return ["stages", head, field]
+    if field == "ray" and below:  # talker.ray.resources.node_b=0.01
+        return ["stages", head, "ray", *below.split(".")]
     if field == "options":
         if not below:
             raise ConfigError(f"write {head}.options.OPTION=value", key=key)

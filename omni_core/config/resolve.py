@@ -9,6 +9,7 @@ deep-merged in that order (later wins) and structured once into `DeployConfig`.
 from __future__ import annotations
 
 import importlib.resources
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,7 @@ def resolve_pipeline(
 ) -> ResolvedPipeline:
     """Validate `pipeline`, merge its deployment and check every stage's runtime options."""
     check_pipeline(pipeline, plugins)
-    deploy_config, raw = load_deploy(pipeline, deploy, overrides)
+    deploy_config, raw, user_raw = load_deploy(pipeline, deploy, overrides)
     raw_stages: Mapping[str, Any] = raw.get("stages") or {}
     raw_defaults: Mapping[str, Any] = raw.get("defaults") or {}
     stage_deploys = {
@@ -102,7 +103,7 @@ def resolve_pipeline(
         if options.get("dtype") == CHECKPOINT_DTYPE:
             _check_checkpoint_dtype(spec.name, model_path)
         inputs = tuple(
-            _resolve_edge(edge.source, spec.name, edge.adapter, deploy_config, raw, stage_deploys, plugins)
+            _resolve_edge(edge.source, spec.name, edge.adapter, deploy_config, user_raw, raw, stage_deploys, plugins)
             for edge in spec.inputs
         )
         stages.append(
@@ -119,6 +120,7 @@ def resolve_pipeline(
                 params=_plain(spec.params),
                 placement=stage_deploy.placement,
                 placement_ref=placement_ref,
+                placement_options=_plain(load_ref(placement_ref).stage_options(stage_deploy)),
                 replicas=stage_deploy.replicas,
                 devices=stage_deploy.devices,
                 load_balancer=stage_deploy.load_balancer,
@@ -131,7 +133,7 @@ def resolve_pipeline(
         )
     _check_engines_per_process(stages)
     output_connector, output_ref, output_options = _resolve_output_connector(
-        pipeline, deploy_config, raw, stage_deploys, plugins
+        pipeline, deploy_config, user_raw, raw, stage_deploys, plugins
     )
     return ResolvedPipeline(
         model=model,
@@ -144,6 +146,11 @@ def resolve_pipeline(
         output_connector=output_connector,
         output_connector_ref=output_ref,
         output_connector_options=output_options,
+        placements={
+            stage.placement: _plain(load_ref(stage.placement_ref).deploy_options(deploy_config))
+            for stage in stages
+            if stage.placement_ref is not None
+        },
     )
 
 
@@ -235,8 +242,9 @@ def _check_acyclic(pipeline: PipelineConfig) -> None:
 
 def load_deploy(
     pipeline: PipelineConfig, deploy: DeploySource = None, overrides: Sequence[str] = ()
-) -> tuple[DeployConfig, dict[str, Any]]:
-    """Merge the family default, the user's deploy and the overrides; return the config and raw dict.
+) -> tuple[DeployConfig, dict[str, Any], dict[str, Any]]:
+    """Merge the family default, the user's deploy and the overrides; return the config, the raw
+    merged dict and the raw dict of the user's layers alone (the deploy and the overrides).
 
     Each layer is checked on its own first, so an error names the file (or ``--set``) to fix.
     """
@@ -248,12 +256,15 @@ def load_deploy(
         layers.append(_user_layer(deploy))
     if overrides:
         layers.append(("--set overrides", overrides_to_dict(overrides, stage_names)))
+    user: dict[str, Any] = {}  # what the user's layers set (the family's defaults yield where they must)
+    for _, layer in layers[1 if pipeline.default_deploy else 0 :]:
+        user = deep_merge(user, layer)
     merged: dict[str, Any] = {}
     for source, layer in layers:
         _check_layer(layer, source, pipeline)
         merged = deep_merge(merged, layer)
     config = structure_config(merged, DeployConfig, source="the merged deploy config")
-    return config, merged
+    return config, merged, user
 
 
 def _read_default_deploy(pipeline: PipelineConfig) -> tuple[str, dict[str, Any]]:
@@ -264,7 +275,7 @@ def _read_default_deploy(pipeline: PipelineConfig) -> tuple[str, dict[str, Any]]
             f"family {pipeline.family!r}: default_deploy {ref!r} must be 'package:path/deploy.yaml'"
         )
     try:
-        text = importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+        text = _package_file(package, resource)
     except (OSError, ModuleNotFoundError, UnicodeDecodeError) as exc:
         raise PluginError(
             f"family {pipeline.family!r}: cannot read default deploy file {ref}: {exc}"
@@ -273,12 +284,28 @@ def _read_default_deploy(pipeline: PipelineConfig) -> tuple[str, dict[str, Any]]
     return source, _parse_yaml(text, source)
 
 
+def _package_file(package: str, resource: str) -> str:
+    return importlib.resources.files(package).joinpath(resource).read_text(encoding="utf-8")
+
+
+_PACKAGE_REF = re.compile(r"^[A-Za-z_][\w.]*:[\w./-]+\.ya?ml$")
+
+
 def _user_layer(deploy: str | Path | DeployConfig | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if isinstance(deploy, DeployConfig):
         return "the deploy argument", _explicit_values(deploy)
     if isinstance(deploy, Mapping):
         return "the deploy argument", dict(deploy)
     path = Path(deploy).expanduser()
+    if not path.exists() and _PACKAGE_REF.match(str(deploy)):
+        # ``omni_qwen3:deploy/two-nodes.yaml``: a deploy file a plugin ships
+        package, _, resource = str(deploy).partition(":")
+        try:
+            text = _package_file(package, resource)
+        except (OSError, ModuleNotFoundError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read deploy file {deploy} (a file of package {package}): {exc}", key=str(deploy)) from exc
+        source = f"deploy file {deploy}"
+        return source, _parse_yaml(text, source)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -475,18 +502,18 @@ def _resolve_edge(
     target: str,
     adapter: str | None,
     config: DeployConfig,
+    user_raw: Mapping[str, Any],
     raw: Mapping[str, Any],
     stage_deploys: Mapping[str, StageDeploy],
     plugins: PluginHost,
 ) -> ResolvedEdge:
     key = f"{source}->{target}"
-    raw_edge = (raw.get("edges") or {}).get(key) or {}
     edge = config.edges.get(key, EdgeDeploy())
     inline = [stage_deploys[source].placement == "inline", stage_deploys[target].placement == "inline"]
     hosts = {_host(stage_deploys[source], plugins), _host(stage_deploys[target], plugins)}
     apart = None in hosts or len(hosts) > 1
     where = f"edges.{key}.connector"
-    if "connector" in raw_edge:
+    if _chosen(edge.connector, "connector", ((user_raw.get("edges") or {}).get(key) or {}), ((raw.get("edges") or {}).get(key) or {}), apart, plugins):
         name = edge.connector
     else:
         name = _cross_host_connector(plugins, f"edge {key}", where) if apart else ("inproc" if all(inline) else "shm")
@@ -502,6 +529,19 @@ def _resolve_edge(
         connector_ref=ref,
         connector_options=dict(edge.options),
     )
+
+
+def _chosen(name: str, field: str, user: Mapping[str, Any], merged: Mapping[str, Any], apart: bool, plugins: PluginHost) -> bool:
+    """Whether the connector `name` the deploy names stands: the user's choice always does (and
+    is refused if it cannot reach); the family default deploy's (written for one host) yields to
+    the cross-host default when the user's placements put the ends apart."""
+    if field in user:
+        return True
+    if field not in merged:
+        return False
+    if not apart or name not in plugins.connectors:  # (an unknown name is reported by the caller)
+        return True
+    return not getattr(load_ref(plugins.connectors[name]), "host_local", True)
 
 
 def _host(deploy: StageDeploy, plugins: PluginHost) -> str | None:
@@ -540,6 +580,7 @@ def _check_reach(name: str, ref: str, why: str, key: str, plugins: PluginHost) -
 def _resolve_output_connector(
     pipeline: PipelineConfig,
     config: DeployConfig,
+    user_raw: Mapping[str, Any],
     raw: Mapping[str, Any],
     stage_deploys: Mapping[str, StageDeploy],
     plugins: PluginHost,
@@ -549,9 +590,8 @@ def _resolve_output_connector(
     all_inline = all(stage_deploys[spec.name].placement == "inline" for spec in pipeline.stages)
     # It links the engine with every stage: a stage off the engine's host needs a network connector.
     apart = any(_host(stage_deploys[spec.name], plugins) != ENGINE_HOST for spec in pipeline.stages)
-    raw_out = raw.get("output_connector") or {}
     key = "output_connector.connector"
-    if "connector" in raw_out:
+    if _chosen(config.output_connector.connector, "connector", user_raw.get("output_connector") or {}, raw.get("output_connector") or {}, apart, plugins):
         name = config.output_connector.connector
     else:
         name = _cross_host_connector(plugins, "output_connector", key) if apart else ("inproc" if all_inline else "shm")

@@ -43,6 +43,9 @@ class ResolvedStage:
     placement: str = "process"
     # The registered class of `placement` ("module:Class", an `omni_core.runtime.placement.Replica`).
     placement_ref: str | None = None
+    # What the placement takes from the stage's deploy entry (`Replica.stage_options`, e.g. the
+    # ``ray`` placement's resources), as plain data.
+    placement_options: dict[str, Any] = attrs.field(factory=dict)
     replicas: int = 1
     devices: tuple[str, ...] = ()
     load_balancer: str = "least_loaded"
@@ -75,6 +78,9 @@ class ResolvedPipeline:
     output_connector: str = "shm"
     output_connector_ref: str = "omni_core.connectors.shm:SharedMemoryConnector"
     output_connector_options: dict[str, Any] = attrs.field(factory=dict)
+    # Per placement the stages use, what it takes from the whole deploy (`Replica.deploy_options`,
+    # e.g. the ``ray`` placement's cluster address).
+    placements: dict[str, dict[str, Any]] = attrs.field(factory=dict)
 
     def stage(self, name: str) -> ResolvedStage:
         for stage in self.stages:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
+from omni_core.errors import ConnectorClosedError
 from omni_core.outputs import Payload
 
 
@@ -38,7 +39,10 @@ class Connector(abc.ABC):
        fits. A stage releases a request's inputs when the request ends there (the payloads'
        tensors may be views its runtime still reads), so capacity must hold the chunks of every
        request in flight on the edge; a put that times out fails its request with this error.
-    6. Safe for concurrent producers: several threads, and several processes, putting at once.
+    6. Safe for concurrent producers: several threads, and several processes, putting at once;
+       and for concurrent consumers: several threads getting and releasing at once. (The engine
+       calls `put`, `get` and `release` on threads of its own, never on its event loop: a call
+       may block, as a full bounded `put` does, without stalling the server.)
     7. `close` frees what this instance owns and is idempotent; afterwards its `put` and `get`
        raise `ConnectorClosedError`, and the handles it put but nobody got fail with a
        `ConnectorError` in any instance, in any process (never garbage).
@@ -46,8 +50,13 @@ class Connector(abc.ABC):
     A connector that reaches across hosts sets `host_local` to False (see there).
 
     `omni_core.connectors.serialize` splits a payload into its tensor bytes and a small pickled
-    skeleton (`split_payload` / `join_payload`) for connectors that move bytes themselves.
+    skeleton (`split_payload` / `join_payload`) for connectors that move bytes themselves, and
+    `omni_core.connectors.capacity.SharedCapacity` is rule 5 across the processes of a host for
+    connectors that keep payloads themselves.
     """
+
+    closed: bool = False
+    """Set by `close` (the base class's); see `check_open`."""
 
     host_local: ClassVar[bool] = True
     """Whether this connector only links processes of one host (shared memory, in-process queues).
@@ -69,5 +78,27 @@ class Connector(abc.ABC):
     def release(self, handle: Any) -> None:
         """Free the storage of `handle` (views returned by `get` become invalid)."""
 
+    def shared_options(self) -> dict[str, Any]:
+        """The options every other instance on this edge is built with.
+
+        The engine builds its instance of each connector first, before any stage starts, and gives
+        the stages' workers (in threads, processes or on other hosts) what this returns instead of
+        the deploy's options. A connector that sets something up for the edge when its options
+        leave it open (a server it starts, an address it picked) returns the options naming it, so
+        the others join it instead of each starting their own; this instance owns it and stops it
+        in `close`. Default: the options it was built with.
+        """
+        return dict(self.options)
+
     def close(self) -> None:
-        """Free everything this instance owns."""
+        """Free everything this instance owns; idempotent (rule 7).
+
+        The default marks the instance `closed`, which `check_open` then refuses. An override frees
+        what the instance owns and calls ``super().close()``.
+        """
+        self.closed = True
+
+    def check_open(self) -> None:
+        """Raise `ConnectorClosedError` once `close` ran: `put` and `get` start with it (rule 7)."""
+        if self.closed:
+            raise ConnectorClosedError(f"this {type(self).__name__} is closed; create a new one")

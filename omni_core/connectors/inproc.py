@@ -92,6 +92,7 @@ class InProcessConnector(Connector):
     def close(self) -> None:
         """Close this instance; a producer's close also drops its unreleased payloads."""
         self._closed = True
+        super().close()
         store = self._store
         with store.changed:
             store.closed = True

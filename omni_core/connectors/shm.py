@@ -346,6 +346,7 @@ class SharedMemoryConnector(Connector):
             if self._closed:
                 return
             self._closed = True
+            super().close()
             pools, self._attached = self._attached, {}
             own, self._own = self._own, None
         for pool in pools.values():

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
+import attrs
+
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
@@ -18,6 +20,7 @@ from omni_core.engine.request import OmniRequest
 from omni_core.errors import OmniError, StageError
 from omni_core.outputs import OutputDelta
 from omni_core.parts import InputProcessor, PartContext, build_part
+from omni_core.refs import load_ref
 from omni_core.runtime.stage_group import StageGroup
 
 logger = logging.getLogger(__name__)
@@ -31,9 +34,11 @@ class AsyncOmniEngine:
 
     def __init__(self, pipeline: ResolvedPipeline) -> None:
         self.pipeline = pipeline
+        self._resolved = pipeline  # as resolved; `pipeline` gets the connectors' shared options at start
         self.groups: dict[str, StageGroup] = {}
         self.orchestrator: Orchestrator | None = None
         self._connectors: list[Connector] = []
+        self._sessions: dict[str, Any] = {}  # placement ref -> its `Replica.open_session`
         self._input_processor: InputProcessor | None = None
         self._started = False
 
@@ -58,16 +63,20 @@ class AsyncOmniEngine:
             return
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        io_connector = create_connector(self.pipeline.output_connector_ref, self.pipeline.output_connector_options, "output_connector")
+        io_connector = create_connector(self._resolved.output_connector_ref, self._resolved.output_connector_options, "output_connector")
         edge_connectors: dict[str, Connector] = {}
-        for stage in self.pipeline.stages:
+        for stage in self._resolved.stages:
             for edge in stage.inputs:
                 edge_connectors[edge.key] = create_connector(edge.connector_ref, edge.connector_options, f"edges.{edge.key}")
         self._connectors = [io_connector, *edge_connectors.values()]
+        self.pipeline = _with_shared_options(self._resolved, io_connector, edge_connectors)
         inline_connectors = {"request": io_connector, "output": io_connector, **edge_connectors}
         self.orchestrator = Orchestrator(self.pipeline, self.groups, io_connector, edge_connectors)
         for stage in self.pipeline.stages:
-            self.groups[stage.name] = StageGroup(self.pipeline, stage, self._dispatch, loop, inline_connectors)
+            if stage.placement_ref is not None and stage.placement_ref not in self._sessions:
+                self._sessions[stage.placement_ref] = load_ref(stage.placement_ref).open_session(self.pipeline)
+            session = self._sessions.get(stage.placement_ref or "")
+            self.groups[stage.name] = StageGroup(self.pipeline, stage, self._dispatch, loop, inline_connectors, session=session)
         self._input_processor = self._build_input_processor()
         self._started = True
         try:
@@ -96,6 +105,11 @@ class AsyncOmniEngine:
         if self.orchestrator is not None:
             self.orchestrator.fail_all(StageError("engine", "the engine is shutting down"))
         await asyncio.gather(*(group.stop() for group in self.groups.values()))
+        if self.orchestrator is not None:
+            self.orchestrator.close()  # its connector threads, before the connectors they call
+        sessions, self._sessions = self._sessions, {}
+        for ref, session in sessions.items():
+            await load_ref(ref).close_session(session)
         for connector in self._connectors:
             connector.close()
         self._connectors = []
@@ -124,7 +138,7 @@ class AsyncOmniEngine:
         check_stage_names(request.params, [s.name for s in self.pipeline.stages])
         state = self.orchestrator.plan(request)
         stage_inputs = await asyncio.to_thread(self._input_processor.process, request)
-        self.orchestrator.submit(state, stage_inputs)
+        await self.orchestrator.submit(state, stage_inputs)
         return self.orchestrator.stream(request.request_id)
 
     async def generate(self, request: OmniRequest) -> AsyncIterator[OutputDelta]:
@@ -153,3 +167,13 @@ class AsyncOmniEngine:
     @property
     def num_active_requests(self) -> int:
         return 0 if self.orchestrator is None else len(self.orchestrator.requests)
+
+
+def _with_shared_options(pipeline: ResolvedPipeline, io: Connector, edges: dict[str, Connector]) -> ResolvedPipeline:
+    """`pipeline` with each connector's options replaced by what the engine's instance shares
+    (`Connector.shared_options`): what every stage worker builds its own instance from."""
+    stages = tuple(
+        attrs.evolve(stage, inputs=tuple(attrs.evolve(e, connector_options=edges[e.key].shared_options()) for e in stage.inputs))
+        for stage in pipeline.stages
+    )
+    return attrs.evolve(pipeline, stages=stages, output_connector_options=io.shared_options())

@@ -3,13 +3,19 @@
 Everything here runs on the engine's event loop and reacts to worker messages (which the replicas
 deliver on the loop): no polling. Tensors are not touched on the way through: edge
 chunks are forwarded as connector handles; only user-facing outputs are read here.
+
+Connector calls are the exception: they may block (a bounded connector's `put` waits for room, a
+network connector's `get` for the wire), so none runs on the loop, which must keep serving every
+other request and `/health`. They run on the orchestrator's own threads (see `Orchestrator`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -18,14 +24,15 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 from omni_core.engine.params import merge_params
 from omni_core.engine.request import OmniRequest
-from omni_core.errors import InvalidRequestError, OmniError, RequestCancelledError, StageError
-from omni_core.outputs import OutputDelta, StageInput
+from omni_core.errors import ConnectorError, InvalidRequestError, OmniError, RequestCancelledError, StageError
+from omni_core.outputs import OutputDelta, Payload, StageInput
 from omni_core.runtime import messages as m
 from omni_core.runtime.stage_group import StageGroup
 
 logger = logging.getLogger(__name__)
 
 _END = object()
+_CONNECTOR_THREADS = 4  # per pool; a call blocks one thread (a full bounded connector: until its timeout)
 
 
 @attrs.define
@@ -44,6 +51,22 @@ class RequestState:
     arrival: float = attrs.field(factory=time.monotonic)
     first_output: dict[str, float] = attrs.field(factory=dict)
     finish_time: float | None = None
+    error: BaseException | None = None
+
+
+@attrs.frozen
+class PendingDelta:
+    """A user-facing chunk whose data a get thread is reading off the output connector.
+
+    It takes the chunk's place in the request's queue, so `Orchestrator.stream` yields deltas in
+    the order the chunks came, however long each read takes.
+    """
+
+    read: asyncio.Future[Payload]
+    stage: str
+    modality: str
+    index: int
+    final: bool
 
 
 def active_stages(pipeline: ResolvedPipeline, modalities: tuple[str, ...]) -> tuple[str, ...]:
@@ -60,7 +83,14 @@ def active_stages(pipeline: ResolvedPipeline, modalities: tuple[str, ...]) -> tu
 
 
 class Orchestrator:
-    """Routes one pipeline's requests through its stage groups."""
+    """Routes one pipeline's requests through its stage groups.
+
+    Connector calls run on two small thread pools of its own, never on the event loop: one for
+    `put`, one for `get` and `release`. Not asyncio's default executor, which a put blocked for
+    its whole timeout on a full connector would starve (the input processor runs there); and two,
+    so that puts waiting for room never hold up the gets and releases that make it. `close` stops
+    them when the engine shuts down.
+    """
 
     def __init__(
         self,
@@ -74,6 +104,9 @@ class Orchestrator:
         self.io_connector = io_connector
         self.edge_connectors = edge_connectors
         self.requests: dict[str, RequestState] = {}
+        self._puts = ThreadPoolExecutor(_CONNECTOR_THREADS, thread_name_prefix="omni-connector-put")
+        self._reads = ThreadPoolExecutor(_CONNECTOR_THREADS, thread_name_prefix="omni-connector-get")
+        self._closed = False
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -97,13 +130,18 @@ class Orchestrator:
             pending[name] = len(targets) + int(emit_output)
         return RequestState(request, active, modalities, routes, pending)
 
-    def submit(self, state: RequestState, stage_inputs: dict[str, StageInput]) -> None:
+    async def submit(self, state: RequestState, stage_inputs: dict[str, StageInput]) -> None:
         """Start a planned request with the input processor's stage inputs.
 
-        Entry stages get their input; for a stage fed by other stages only the `params` of its
-        `StageInput` are used (merged over the request's parameters for it, e.g. a chosen voice).
+        Entry stages get their input (put on the output connector, off the loop, before their
+        `Submit` goes out); for a stage fed by other stages only the `params` of its `StageInput`
+        are used (merged over the request's parameters for it, e.g. a chosen voice). A caller
+        cancelled meanwhile leaves nothing behind: the request is aborted and forgotten, and a
+        handle whose put was under way is released when the put ends.
         """
         request_id = state.request.request_id
+        if self._closed:
+            raise StageError("engine", "the engine is shutting down")
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         self.requests[request_id] = state
@@ -114,10 +152,31 @@ class Orchestrator:
                 if self.pipeline.stage(name).inputs:
                     state.param_overlays[name] = dict(stage_input.params)
                     continue
-                handle = self.io_connector.put({"data": stage_input.data, "params": stage_input.params})
+                handle = await self._put(self.io_connector, {"data": stage_input.data, "params": stage_input.params})
+                if state.finished:  # aborted or failed while the put ran: no stage will get it
+                    self._release(self.io_connector, handle)
+                    return
                 self._send(state, name, "request", 0, stage_input.final, handle)
         except OmniError as exc:
             self.fail(request_id, exc)
+        except BaseException:  # nobody will stream this request: free what it started
+            self.abort(request_id)
+            self.requests.pop(request_id, None)
+            raise
+
+    async def _put(self, connector: Connector, payload: Payload) -> Any:
+        """``connector.put(payload)`` on a put thread; if the caller is cancelled meanwhile, the
+        handle is released when the put ends (shielded: a thread cannot be interrupted)."""
+        put = asyncio.get_running_loop().run_in_executor(self._puts, connector.put, payload)
+        try:
+            return await asyncio.shield(put)
+        except asyncio.CancelledError:
+            put.add_done_callback(functools.partial(self._release_put, connector))
+            raise
+
+    def _release_put(self, connector: Connector, put: asyncio.Future[Any]) -> None:
+        if not put.cancelled() and put.exception() is None:
+            self._release(connector, put.result())
 
     def _send(self, state: RequestState, stage_name: str, source: str, index: int, final: bool, handle: Any) -> None:
         request = state.request
@@ -143,22 +202,43 @@ class Orchestrator:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, PendingDelta):
+                    item = await self._delta(state, item)
                 yield item
         finally:
             if not state.finished:  # the consumer stopped early (client gone): free the work
                 self.abort(request_id)
             self.requests.pop(request_id, None)
 
+    @staticmethod
+    async def _delta(state: RequestState, pending: PendingDelta) -> OutputDelta:
+        """The delta once its data is read; a failed read raises the request's error (that read's,
+        or an earlier failure's: the first cause, not a connector closed by the shutdown it caused)."""
+        try:
+            # Shielded: a consumer cancelled here must not cancel a read whose thread has not
+            # started, which would then never release its handle.
+            data = await asyncio.shield(pending.read)
+        except Exception as exc:  # noqa: BLE001 - the read's error, whatever it is, fails this request
+            raise (state.error if state.error is not None else exc)
+        return OutputDelta(state.request.request_id, pending.stage, pending.modality, pending.index, data, pending.final)
+
     def abort(self, request_id: str, reason: str = "request cancelled") -> None:
         """Cancel a request in every stage it reached."""
         self.fail(request_id, RequestCancelledError(reason))
 
     def fail(self, request_id: str, error: BaseException) -> None:
+        """Fail an unfinished request with `error`: abort it in its stages and queue the error."""
         state = self.requests.get(request_id)
-        if state is None or state.finished:
+        if state is not None:
+            self._fail(state, error)
+
+    def _fail(self, state: RequestState, error: BaseException) -> None:
+        if state.finished:
             return
+        request_id = state.request.request_id
         state.finished = True
         state.finish_time = time.monotonic()
+        state.error = error
         for name in state.active:
             self.groups[name].release(request_id, abort=True)
         state.queue.put_nowait(error)
@@ -204,26 +284,65 @@ class Orchestrator:
                     state.queue.put_nowait(_END)
 
     def _deliver(self, state: RequestState, stage_name: str, emit: m.Emit) -> None:
-        try:
-            data = _own(self.io_connector.get(emit.handle))
-        finally:
-            self.io_connector.release(emit.handle)
+        """Queue a user-facing chunk: a get thread reads its data (`_read_output`) meanwhile."""
         stage: ResolvedStage = self.pipeline.stage(stage_name)
         modality = stage.output or "none"
-        state.first_output.setdefault(modality, time.monotonic())
-        state.queue.put_nowait(OutputDelta(state.request.request_id, stage_name, modality, emit.index, data, emit.final))
+        read = asyncio.get_running_loop().run_in_executor(self._reads, self._read_output, emit.handle)
+        read.add_done_callback(functools.partial(self._on_read, state, modality))
+        state.queue.put_nowait(PendingDelta(read, stage_name, modality, emit.index, emit.final))
+
+    def _read_output(self, handle: Any) -> Payload:
+        """On a get thread: the chunk's data, copied out of connector storage, which is then freed
+        (always: a request that failed meanwhile leaks nothing)."""
+        try:
+            try:
+                return _own(self.io_connector.get(handle))
+            finally:
+                self.io_connector.release(handle)
+        except OmniError:
+            raise
+        except Exception as exc:  # a plugin's connector: fail the request with what went wrong
+            raise ConnectorError(f"the output connector could not read a chunk: {type(exc).__name__}: {exc}") from exc
+
+    def _on_read(self, state: RequestState, modality: str, read: asyncio.Future[Payload]) -> None:
+        """On the loop, when a read ends: a failed read fails its request (only that one, now,
+        not when its consumer gets there); the first read records when the modality's data came."""
+        if read.cancelled():
+            return
+        error = read.exception()
+        if error is not None:
+            self._fail(state, error)
+        else:
+            state.first_output.setdefault(modality, time.monotonic())
 
     def _drop(self, stage_name: str, emit: m.Emit) -> None:
         """Free the storage of a chunk whose request is gone."""
         connector = self.io_connector if emit.target is None else self.edge_connectors[f"{stage_name}->{emit.target}"]
-        try:
-            connector.release(emit.handle)
-        except Exception:  # a late chunk of a crashed worker may point at a gone pool
-            logger.debug("could not release a dropped chunk of %s", emit.request_id, exc_info=True)
+        self._release(connector, emit.handle)
+
+    def _release(self, connector: Connector, handle: Any) -> None:
+        """Free `handle` on a get thread, quietly: its request is gone, nobody awaits the outcome."""
+        if self._closed:
+            return  # the engine closes every connector next, which frees it
+        self._reads.submit(_release_quietly, connector, handle)
+
+    def close(self) -> None:
+        """Take no more connector calls. Calls under way end on their own: the engine closes the
+        connectors next, which wakes a put still waiting for room."""
+        self._closed = True
+        self._puts.shutdown(wait=False)
+        self._reads.shutdown(wait=False)
 
     def fail_all(self, error: BaseException) -> None:
         for request_id in list(self.requests):
             self.fail(request_id, error)
+
+
+def _release_quietly(connector: Connector, handle: Any) -> None:
+    try:
+        connector.release(handle)
+    except Exception:  # a late chunk of a crashed worker may point at a gone pool
+        logger.debug("could not release a dropped chunk's handle %r", handle, exc_info=True)
 
 
 def _own(value: Any) -> Any:

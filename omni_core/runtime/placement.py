@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar
 
 import attrs
 
-from omni_core.config.deploy import ENGINE_HOST, StageDeploy
+from omni_core.config.deploy import ENGINE_HOST, DeployConfig, StageDeploy
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
 
@@ -32,7 +32,8 @@ class ReplicaContext:
     - `on_message`, `loop`: how the worker's messages reach the engine (call ``on_message`` on
       `loop`, e.g. with ``loop.call_soon_threadsafe``);
     - `local_connectors`: the engine's own connector instances by key, for a replica in the
-      engine's process (in-process connectors only work there); others build their own.
+      engine's process (in-process connectors only work there); others build their own;
+    - `session`: what the placement's `Replica.open_session` returned for this engine.
     """
 
     pipeline: ResolvedPipeline
@@ -41,6 +42,7 @@ class ReplicaContext:
     on_message: OnMessage
     loop: asyncio.AbstractEventLoop
     local_connectors: dict[str, Connector] = attrs.field(factory=dict)
+    session: Any = None
 
 
 class Replica(abc.ABC):
@@ -63,6 +65,29 @@ class Replica(abc.ABC):
         (or unknown) hosts. Never decide it from hostnames or addresses: two simulated nodes share
         them."""
         return ENGINE_HOST
+
+    @classmethod
+    def stage_options(cls, deploy: StageDeploy) -> dict[str, Any]:
+        """What this placement needs from a stage's deploy entry, as plain data: it becomes
+        `ResolvedStage.placement_options` (e.g. the ``ray`` placement's resources). Default: nothing."""
+        return {}
+
+    @classmethod
+    def deploy_options(cls, deploy: DeployConfig) -> dict[str, Any]:
+        """What this placement needs from the whole deploy when a stage uses it, as plain data:
+        it becomes ``ResolvedPipeline.placements[name]`` (e.g. the Ray cluster's address)."""
+        return {}
+
+    @classmethod
+    def open_session(cls, pipeline: ResolvedPipeline) -> Any:
+        """Called once per engine start for each placement its stages use, before any replica of
+        it starts; what it returns reaches every replica as `ReplicaContext.session` (e.g. a
+        connection to a cluster). Must not block: connect lazily, off the event loop."""
+        return None
+
+    @classmethod
+    async def close_session(cls, session: Any) -> None:
+        """Called once at engine shutdown, after every replica of this placement stopped."""
 
     @abc.abstractmethod
     def start(self) -> None:

@@ -106,23 +106,10 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
     # message, or EOF on the pipe if it dies), so a worker must not die mid-step on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pipeline = ResolvedPipeline.from_dict(pipeline_data)
-    stage = pipeline.stage(stage_name)
-    if stage.cpu_threads is not None:
-        # Before torch (and its OpenMP runtime) is imported: its default is one thread per core.
-        os.environ["OMP_NUM_THREADS"] = str(stage.cpu_threads)
-        if "torch" in sys.modules:  # the parent's main module imported it on the way here
-            sys.modules["torch"].set_num_threads(stage.cpu_threads)
-    if stage.nice:
-        os.nice(stage.nice)
-    if stage.keep_freed_memory:
-        keep_freed_memory()
+    stage = prepare_worker_process(pipeline.stage(stage_name))
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
     from omni_core.runtime.worker import StageWorker
 
-    if any(d.startswith("cuda:") for d in stage.devices):
-        # This process sees only its stage's GPUs (CUDA_VISIBLE_DEVICES, set at spawn), from 0.
-        local = iter(range(len(stage.devices)))
-        stage = attrs.evolve(stage, devices=tuple(f"cuda:{next(local)}" if d.startswith("cuda:") else d for d in stage.devices))
     connectors = build_connectors(stage_connector_keys(pipeline, stage))
     channel = WorkerChannel(incoming, outgoing)
     worker = StageWorker(pipeline, stage, index, connectors, channel.send, channel.batch)
@@ -132,6 +119,50 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
         for connector in set(connectors.values()):
             connector.close()
         channel.close()
+
+
+def prepare_worker_process(stage: ResolvedStage) -> ResolvedStage:
+    """Set up a process that runs replicas of `stage` (a spawned worker, a Ray actor) before its
+    runtime loads: CPU threads, niceness, the allocator; returns `stage` with its GPUs numbered as
+    this process sees them (only its own, from 0)."""
+    if stage.cpu_threads is not None:
+        # Before torch (and its OpenMP runtime) is imported: its default is one thread per core.
+        os.environ["OMP_NUM_THREADS"] = str(stage.cpu_threads)
+        if "torch" in sys.modules:  # the parent's main module imported it on the way here
+            sys.modules["torch"].set_num_threads(stage.cpu_threads)
+    if stage.nice:
+        os.nice(stage.nice)
+    if stage.keep_freed_memory:
+        keep_freed_memory()
+    if any(d.startswith("cuda:") for d in stage.devices):
+        # This process sees only its stage's GPUs (CUDA_VISIBLE_DEVICES, set at spawn), from 0.
+        local = iter(range(len(stage.devices)))
+        stage = attrs.evolve(stage, devices=tuple(f"cuda:{next(local)}" if d.startswith("cuda:") else d for d in stage.devices))
+    return stage
+
+
+# What a worker's death by a signal usually means, and what to do about it.
+_SIGNAL_HINTS = {
+    "SIGKILL": "killed from outside: most often the kernel's out-of-memory killer (see `dmesg`); give the stage "
+    "less to hold (fewer max_num_seqs, a smaller kv_cache_memory_bytes, fewer replicas) or the machine more memory",
+    "SIGSEGV": "a crash in native code (a library's kernel or a driver); the lines above it in the log say where",
+    "SIGILL": "an instruction this CPU does not run: a kernel built for another CPU (or a dtype its path does "
+    "not support here); try dtype float32 for this stage",
+    "SIGBUS": "shared memory ran out or was removed (/dev/shm too small?)",
+    "SIGABRT": "a library aborted (an assertion in native code); the lines above it in the log say why",
+}
+
+
+def exit_reason(code: int | None) -> str:
+    """``exited (code 1)``, or ``killed by SIGILL (...what it usually means...)`` for a signal."""
+    if code is None or code >= 0:
+        return f"exited (code {code})"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"killed by signal {-code}"
+    hint = _SIGNAL_HINTS.get(name)
+    return f"killed by {name}" + (f": {hint}" if hint else "")
 
 
 # glibc mallopt parameters (malloc.h) and the sizes Omni's workers use.
@@ -219,7 +250,7 @@ class ProcessReplica(Replica):
         self.process.join()  # already exited: this only reaps it
         self._exited.set_result(None)
         if not self._stopping:
-            logger.error("stage %s replica %d: worker process exited (code %s)", self.stage.name, self.index, self.process.exitcode)
+            logger.error("stage %s replica %d: worker process %s", self.stage.name, self.index, exit_reason(self.process.exitcode))
             self._on_message(None)
 
     def send(self, message: Any) -> None:

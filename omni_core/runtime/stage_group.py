@@ -31,6 +31,7 @@ class StageGroup:
         loop: asyncio.AbstractEventLoop,
         inline_connectors: dict[str, Connector],
         max_restarts: int = 3,
+        session: Any = None,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -38,6 +39,7 @@ class StageGroup:
         self._dispatch = dispatch
         self._loop = loop
         self._inline_connectors = inline_connectors
+        self._session = session  # the placement's, for this engine (`Replica.open_session`)
         self.max_restarts = max_restarts
         self.restarts = [0] * stage.replicas
         self.dead = [False] * stage.replicas
@@ -57,7 +59,7 @@ class StageGroup:
                 key=f"stages.{self.name}.placement",
             )
         on_message = lambda message, i=index: self._on_message(i, message)  # noqa: E731
-        context = ReplicaContext(self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors)
+        context = ReplicaContext(self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors, self._session)
         replica = load_ref(self.stage.placement_ref)(context)
         if not isinstance(replica, Replica):
             raise ConfigError(

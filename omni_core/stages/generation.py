@@ -199,10 +199,12 @@ class GenerationStageRuntime(StageRuntime):
     def _append(self, request: _Request, stage_input: StageInput) -> None:
         model = self._loaded()
         value = stage_input.data.get(model.input_key)
-        if value is not None:
+        # An empty list is a chunk with nothing new (an AR stage's step that wrote no token): no
+        # frames, and no dtype to check against the others (`torch.as_tensor([])` is float32).
+        if value is not None and not (isinstance(value, (list, tuple)) and len(value) == 0):
             frames = model.to_frames(value)
             reference = request.frames if request.frames is not None else next(iter(request.pieces), None)
-            if reference is not None and (frames.shape[1:] != reference.shape[1:] or frames.dtype != reference.dtype):
+            if frames.shape[0] and reference is not None and (frames.shape[1:] != reference.shape[1:] or frames.dtype != reference.dtype):
                 raise InvalidRequestError(
                     f"{model.input_key!r} frames changed shape or dtype mid-request: "
                     f"{tuple(reference.shape[1:])}/{reference.dtype} then {tuple(frames.shape[1:])}/{frames.dtype}",

@@ -82,8 +82,10 @@ class GenerationModel(Part, abc.ABC):
 
     Declarations (class or instance attributes):
 
-    - `input_key`: the key of `StageInput.data` holding frames (a tensor ``[T, ...]``, appended
-      along dim 0 as streamed input arrives).
+    - `input_key`: the key of `StageInput.data` holding frames (a tensor ``[T, ...]``, or what
+      `to_frames` turns into one, appended along dim 0 as streamed input arrives). An empty list
+      adds nothing, so ``input_key = "token_ids"`` takes an ``ar`` stage's chunks as they come
+      (each step's new token ids are frames ``[T]``): that edge needs no adapter.
     - `chunk_size`: frames decoded per request per step in streaming mode.
     - `left_context`: frames of already-decoded input re-fed before each chunk; chunked output is
       seamless when it is at least the model's receptive field minus one.

@@ -373,6 +373,26 @@ class ConnectorContract:
         assert not errors, errors
         assert seen == {p * 1000 + i for p in range(producers) for i in range(per_producer)}
 
+    def test_concurrent_consumer_threads(self, connector: Connector) -> None:
+        # The engine gets and releases user-facing chunks on several threads at once.
+        handles = [(seed, connector.put(mixed_payload(seed))) for seed in range(16)]
+        errors: list[BaseException] = []
+
+        def consume(share: list[tuple[int, Any]]) -> None:
+            try:
+                for seed, handle in share:
+                    assert_payload_equal(connector.get(handle), mixed_payload(seed))
+                    connector.release(handle)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=consume, args=(handles[i::4],)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+
     def test_handles_are_picklable_and_work_in_another_instance(self, connector: Connector) -> None:
         handle = connector.put(mixed_payload(5))
         copied = pickle.loads(pickle.dumps(handle))

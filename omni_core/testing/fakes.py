@@ -7,6 +7,7 @@ the engine itself.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -14,8 +15,10 @@ from typing import Any
 import attrs
 
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
-from omni_core.errors import InvalidRequestError
-from omni_core.outputs import Chunk, StageInput
+from omni_core.connectors import create_connector
+from omni_core.connectors.base import Connector
+from omni_core.errors import ConnectorError, InvalidRequestError
+from omni_core.outputs import Chunk, Payload, StageInput
 from omni_core.parts import InputProcessor, PartContext
 from omni_core.stages.base import ProgressCallback, StageRuntime
 
@@ -175,3 +178,79 @@ class ParamsForLaterStages(InputProcessor):
 
     def process(self, request: Any) -> dict[str, StageInput]:
         return {"s0": StageInput(data={"prompt": request.prompt}), "s1": StageInput(params={"repeat": 2})}
+
+
+_BUILT_IN_CONNECTORS = {
+    "inproc": "omni_core.connectors.inproc:InProcessConnector",
+    "shm": "omni_core.connectors.shm:SharedMemoryConnector",
+}
+
+
+class SlowConnector(Connector):
+    """A built-in connector made slow, or failing, on purpose: for tests that the engine never
+    waits on a connector on its event loop, and keeps its guarantees while calls take long.
+
+    Options: `inner` (``"inproc"`` or ``"shm"``, built with `inner_options`); in the process
+    whose pid is `slow_pid` (0: in every process), `put` first sleeps `put_delay_s`, and the n-th
+    `get` sleeps ``get_delays_s[n % len(get_delays_s)]``; `get` raises `ConnectorError` for a
+    payload whose ``"prompt"`` is `fail_get_prompt`. Slow only in the engine's process (its pid),
+    stage workers in other processes stay fast: a worker inside a put answers no health ping.
+    `outstanding()` counts the handles put through this instance and not yet released through it.
+    """
+
+    def __init__(
+        self,
+        inner: str = "shm",
+        inner_options: dict[str, Any] | None = None,
+        put_delay_s: float = 0.0,
+        get_delays_s: list[float] | None = None,
+        slow_pid: int = 0,
+        fail_get_prompt: str = "",
+    ) -> None:
+        super().__init__(
+            inner=inner, inner_options=inner_options, put_delay_s=put_delay_s, get_delays_s=get_delays_s,
+            slow_pid=slow_pid, fail_get_prompt=fail_get_prompt,
+        )
+        self._inner = create_connector(_BUILT_IN_CONNECTORS[inner], inner_options, "SlowConnector.inner")
+        self._put_delay_s = put_delay_s
+        self._get_delays_s = list(get_delays_s or [0.0])
+        self._slow_pid = slow_pid
+        self._fail_get_prompt = fail_get_prompt
+        self._lock = threading.Lock()
+        self._gets = 0
+        self._live: set[Any] = set()
+
+    def _slow_here(self) -> bool:
+        return self._slow_pid in (0, os.getpid())
+
+    def put(self, payload: Payload, timeout: float | None = None) -> Any:
+        if self._slow_here():
+            time.sleep(self._put_delay_s)
+        handle = self._inner.put(payload, timeout)
+        with self._lock:
+            self._live.add(handle)
+        return handle
+
+    def get(self, handle: Any) -> Payload:
+        if self._slow_here():
+            with self._lock:
+                delay = self._get_delays_s[self._gets % len(self._get_delays_s)]
+                self._gets += 1
+            time.sleep(delay)
+        payload = self._inner.get(handle)
+        if self._fail_get_prompt and payload.get("prompt") == self._fail_get_prompt:
+            raise ConnectorError(f"get failed on purpose (prompt {self._fail_get_prompt!r})")
+        return payload
+
+    def release(self, handle: Any) -> None:
+        self._inner.release(handle)
+        with self._lock:
+            self._live.discard(handle)
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()

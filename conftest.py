@@ -1,0 +1,10 @@
+"""Settings for the whole test run, before any test module imports a library that reads them."""
+
+import os
+
+from omni_core.testing.ray_cluster import RAY_ENV
+
+# Ray reads these once, when it is imported (by a test module, or by the ray placement): keep every
+# Ray of the test run on loopback, reporting nothing (see omni_core.testing.ray_cluster).
+for _key, _value in RAY_ENV.items():
+    os.environ.setdefault(_key, _value)
