@@ -9,7 +9,8 @@ import numpy as np
 
 
 def encode_mp4(frames: Any, fps: float, audio: Any = None, sample_rate: int | None = None) -> bytes:
-    """Frames (T, H, W, 3) uint8 -> H.264 MP4 bytes, with an AAC track when `audio` is given."""
+    """Frames (T, H, W, 3) uint8 -> H.264 MP4 bytes, with an AAC track when `audio` is given
+    (float samples ``[N]`` mono, or ``[N, 2]`` stereo)."""
     import av
 
     video = np.asarray(frames)
@@ -23,17 +24,23 @@ def encode_mp4(frames: Any, fps: float, audio: Any = None, sample_rate: int | No
         stream = container.add_stream("libx264", rate=max(1, round(fps)))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         audio_stream = None
+        samples = None
         if audio is not None and sample_rate:
+            samples = np.asarray(audio, dtype=np.float32)
+            stereo = samples.ndim == 2 and samples.shape[1] == 2
+            if samples.ndim == 2 and not stereo:
+                raise ValueError(f"audio must be [N] (mono) or [N, 2] (stereo), got {samples.shape}")
+            layout = "stereo" if stereo else "mono"
             audio_stream = container.add_stream("aac", rate=sample_rate)
-            audio_stream.layout = "mono"
+            audio_stream.layout = layout
         for frame in video:
             for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame[:height, :width]), format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-        if audio_stream is not None:
-            samples = np.asarray(audio, dtype=np.float32).reshape(1, -1)
-            audio_frame = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        if audio_stream is not None and samples is not None:
+            # Packed float samples: one plane, channels interleaved ([1, N * channels]).
+            audio_frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples).reshape(1, -1), format="flt", layout=layout)
             audio_frame.sample_rate = sample_rate
             for packet in audio_stream.encode(audio_frame):
                 container.mux(packet)

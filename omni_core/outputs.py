@@ -64,7 +64,7 @@ class OutputDelta:
 
     The core understands these keys of `data` (plugins' output adapters produce them):
     `text` (str delta), `token_ids` (list[int] delta), `prompt_token_ids` (list[int], once),
-    `audio` (1-D float32 samples), `sample_rate` (int), `image` (HxWxC uint8 array or a list of them),
+    `audio` (float32 samples: 1-D, or ``[N, 2]`` stereo), `sample_rate` (int), `image` (HxWxC uint8 array or a list of them),
     `video` (TxHxWxC uint8), `fps` (float), `actions` (array). Other keys are passed through.
     """
 

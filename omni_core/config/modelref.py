@@ -60,9 +60,10 @@ def resolve_model_path(model_ref: str, plugins: PluginHost) -> Path:
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint's ``config.json`` (transformers) or ``model_index.json`` (diffusers)."""
+    """Read a checkpoint's ``config.json`` (transformers), ``model_index.json`` (diffusers) or
+    ``modular_model_index.json`` (a diffusers modular pipeline, e.g. MiniMax-H3)."""
     directory = Path(path)
-    for name in ("config.json", "model_index.json"):
+    for name in ("config.json", "model_index.json", "modular_model_index.json"):
         file = directory / name
         if not file.is_file():
             continue
@@ -74,7 +75,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{file} must hold a JSON object, not {type(data).__name__}", key=name)
         return data
     raise UnknownModelError(
-        f"{directory} has neither config.json nor model_index.json: is it a Hugging Face checkpoint?"
+        f"{directory} has neither config.json nor model_index.json (nor a modular_model_index.json): is it a Hugging Face checkpoint?"
     )
 
 

@@ -15,7 +15,7 @@ class OmniResult:
     """Everything a request produced, by modality.
 
     `text`/`token_ids`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
-    (float32 samples) and `sample_rate`, `images`, `video`/`fps` and `actions` from whichever
+    (float32 samples: ``[N]`` mono, or ``[N, 2]`` when a stage sends stereo) and `sample_rate`, `images`, `video`/`fps` and `actions` from whichever
     stage sends those keys (a diffusion stage may send a video and its audio in one delta).
     `actions` is an array (``[steps, action width]``), or a list of them for ``n`` samples.
     `extra` keeps any other keys per stage (last value wins).
@@ -53,7 +53,7 @@ class OmniResult:
         if "audio" in data or "sample_rate" in data:
             audio = data.pop("audio", None)
             if audio is not None and len(audio):
-                self._audio_parts.append(_numpy(audio).reshape(-1).astype("float32", copy=False))
+                self._audio_parts.append(_audio_samples(audio))
             self.sample_rate = data.pop("sample_rate", None) or self.sample_rate
         image = data.pop("image", None)
         if image is not None:
@@ -121,15 +121,23 @@ class OmniResult:
             result["prompt_token_ids"] = self.prompt_token_ids
             result["token_ids"] = self.token_ids
         if self.audio is not None:
-            result["audio"] = {"path": (paths or {}).get("audio"), "sample_rate": self.sample_rate, "duration_s": self.audio_duration, "num_samples": int(len(self.audio))}
+            channels = int(self.audio.shape[1]) if self.audio.ndim == 2 else 1
+            result["audio"] = {"path": (paths or {}).get("audio"), "sample_rate": self.sample_rate, "duration_s": self.audio_duration, "num_samples": int(len(self.audio)), "channels": channels}
         if self.video is not None and not isinstance(self.video, list):
-            result["video"] = {"path": (paths or {}).get("video"), "shape": list(_numpy(self.video).shape), "fps": self.fps}
+            shape = list(_numpy(self.video).shape)
+            result["video"] = {"path": (paths or {}).get("video"), "shape": shape, "frames": shape[0], "fps": self.fps}
         if self.images:
             result["images"] = [{"path": (paths or {}).get(f"image{i}" if i else "image"), "shape": list(_numpy(im).shape)} for i, im in enumerate(self.images)]
         if self.actions is not None:
             actions = _actions_array(self.actions)
             result["actions"] = {"path": (paths or {}).get("actions"), "shape": list(actions.shape), "values": actions.tolist()}
         return result
+
+
+def _audio_samples(audio: Any) -> Any:
+    """float32 samples: ``[N, 2]`` stays stereo (video soundtracks); anything else is flattened to mono, as before."""
+    samples = _numpy(audio).astype("float32", copy=False)
+    return samples if samples.ndim == 2 and samples.shape[1] == 2 else samples.reshape(-1)
 
 
 def _actions_array(actions: Any) -> Any:

@@ -112,13 +112,23 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
 
 
 class VideoRequest(msgspec.Struct, kw_only=True):
-    """``POST /v1/videos``."""
+    """``POST /v1/videos``.
+
+    `input_reference` is OpenAI's field for the first frame; `last_frame` and `references` are Omni's
+    extensions: the last frame, and reference media in the order the model reads them (``{"type":
+    "image", "image": URL}``, ``{"type": "audio", "audio": URL}``). Every medium is a base64 ``data:``
+    URL: the server never reads a path or fetches a URL for a client. A family that cannot take one
+    answers 400.
+    """
 
     model: str
     prompt: str
     seconds: str | None = None
     size: str | None = None
     seed: int | None = None
+    input_reference: str | None = None
+    last_frame: str | None = None
+    references: list[dict[str, Any]] | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
 
 

@@ -111,6 +111,18 @@ def video_request(body: VideoRequest, pipeline: ResolvedPipeline) -> OmniRequest
             raise APIError(400, f"seconds must be a number, got {body.seconds!r}", param="seconds") from None
     if body.seed is not None:
         extra["seed"] = body.seed
+    for field, key in (("input_reference", "image"), ("last_frame", "last_image")):
+        value = getattr(body, field)
+        if value is not None:
+            if not value.startswith("data:image/"):
+                raise APIError(400, f"{field} must be a base64 data URL (data:image/png;base64,...); paths and URLs are not fetched", param=field)
+            extra[key] = value
+    if body.references is not None:
+        for index, reference in enumerate(body.references):
+            media = {k: v for k, v in reference.items() if k not in ("type", "sample_rate")}
+            if not all(isinstance(v, str) and v.startswith("data:") for v in media.values()):
+                raise APIError(400, f"references[{index}]: media must be base64 data URLs; paths and URLs are not fetched", param="references")
+        extra["references"] = body.references
     return OmniRequest(prompt=body.prompt, modalities=("video",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"video_{new_request_id()[4:]}")
 
 

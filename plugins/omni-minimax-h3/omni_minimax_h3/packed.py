@@ -1,0 +1,221 @@
+"""Several MiniMax-H3 requests in ONE transformer forward: their packed sequences, end to end.
+
+`MiniMaxH3Transformer3DModel.forward` takes one packed layout (the batch axis only replicates it),
+so requests of different prompts, keyframes or steps cannot share its batch. But every part of
+its forward is per row except attention: the input projections, the AdaLN table lookups
+(``timestep_indices * 3 + token_tags``), the rotary angles and the output heads. So the packed
+sequences of several requests are concatenated into one (timestep tables and row indexes offset
+per request), and attention runs per request, over that request's rows only: `SegmentedAttention`
+(an attention processor of the library's own interface) takes the requests' row spans as its
+``attention_mask`` argument, which `MiniMaxH3TransformerBlock` passes through. Each request then
+sees exactly what it sees alone (no padding, no mask), with the same kernels.
+
+The token refiner (attention over each request's text) runs the same way, segment by segment.
+`forward_packed` is the transformer's `forward` with those two changes; its steps and dtype casts
+follow diffusers' line by line, so one request gives the library's output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from omni_minimax_h3 import diffusers_private
+
+
+@attrs.frozen
+class Segments:
+    """Row spans ``[start, end)`` of each request in a concatenated sequence."""
+
+    spans: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of_lengths(cls, lengths: list[int]) -> Segments:
+        spans, start = [], 0
+        for length in lengths:
+            spans.append((start, start + length))
+            start += length
+        return cls(tuple(spans))
+
+
+class SegmentedAttention:
+    """`MiniMaxH3AttnProcessor` with block-diagonal attention: given `Segments` as the attention
+    mask, each span attends to itself only (one unmasked attention per span); otherwise the
+    library's processor as it is."""
+
+    def __init__(self) -> None:
+        from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
+
+        self.plain = MiniMaxH3AttnProcessor()
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, rotary_emb: Any = None, attention_mask: Any = None) -> torch.Tensor:
+        if not isinstance(attention_mask, Segments):
+            return self.plain(attn, hidden_states, rotary_emb, attention_mask)
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
+        key = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
+        value = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if rotary_emb is not None:
+            query = diffusers_private.apply_rotary_emb(query, *rotary_emb)
+            key = diffusers_private.apply_rotary_emb(key, *rotary_emb)
+        outputs = [
+            dispatch_attention_fn(
+                query[:, start:end].contiguous(), key[:, start:end].contiguous(), value[:, start:end].contiguous(),
+                attn_mask=None, dropout_p=0.0, is_causal=False,
+            )
+            for start, end in attention_mask.spans
+        ]
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        out = out.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+@attrs.define
+class PackedInput:
+    """One request's transformer input at one step, in the library's argument names."""
+
+    hidden_states: torch.Tensor  # [Nv, Cv * prod(patch)] video rows, conditioning rows first
+    audio_hidden_states: torch.Tensor  # [Na, Ca]
+    encoder_hidden_states: torch.Tensor  # [T, text_dim]
+    timestep: torch.Tensor  # [num_timesteps] distinct values in [0, 1]
+    timestep_indices: torch.Tensor  # [L]
+    token_tags: torch.Tensor  # [L]
+    position_ids: torch.Tensor  # [L, 3]
+    video_indices: torch.Tensor
+    audio_indices: torch.Tensor
+    text_indices: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.position_ids.shape[0])
+
+
+def use_segmented_attention(transformer: Any) -> None:
+    """Give every attention of `transformer` the segment-aware processor (the library's setter)."""
+    transformer.set_attn_processor(SegmentedAttention())
+
+
+@attrs.frozen
+class CacheRow:
+    """A request's first-block cache (`omni_core.stages.diffusion_cache`) and where it is in its schedule."""
+
+    state: Any  # CacheState
+    step: int
+    total: int
+
+
+@torch.no_grad()
+def forward_packed(
+    transformer: Any, inputs: list[PackedInput], caches: list[CacheRow | None] | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Video and audio velocities of each request (``[Nv, ...]``, ``[Na, ...]``), with one forward for all.
+
+    `caches`: per request, its first-block cache, or None (the whole stack runs). With a cache, the
+    first block runs for everyone and the others only for the requests whose first-block output
+    changed enough; the rest reuse the residual those blocks added at their last full step.
+    The transformer must use `SegmentedAttention` (`use_segmented_attention`).
+    """
+    from diffusers.models.modeling_utils import get_parameter_dtype
+    from diffusers.models.transformers.transformer_minimax_h3 import MINIMAX_H3_MODALITY_NUM
+
+    device = inputs[0].position_ids.device
+    lengths = [item.length for item in inputs]
+    offsets = [span[0] for span in Segments.of_lengths(lengths).spans]
+    rows = Segments.of_lengths(lengths)
+    text_rows = Segments.of_lengths([int(item.encoder_hidden_states.shape[0]) for item in inputs])
+
+    def cat(name: str) -> torch.Tensor:
+        return torch.cat([getattr(item, name) for item in inputs])
+
+    def shifted(name: str) -> torch.Tensor:
+        return torch.cat([getattr(item, name) + offset for item, offset in zip(inputs, offsets)])
+
+    timestep_offsets, total = [], 0
+    for item in inputs:
+        timestep_offsets.append(total)
+        total += int(item.timestep.shape[0])
+    timestep = cat("timestep")
+    timestep_indices = torch.cat([item.timestep_indices + off for item, off in zip(inputs, timestep_offsets)])
+    token_tags = cat("token_tags")
+    position_ids = cat("position_ids")
+    video_indices, audio_indices, text_indices = shifted("video_indices"), shifted("audio_indices"), shifted("text_indices")
+
+    t = transformer
+    rotary_emb = t.rope(position_ids)
+    video_embeds = t.proj_in(cat("hidden_states")[None].to(get_parameter_dtype(t.proj_in)))
+    audio_embeds = t.audio_proj_in(cat("audio_hidden_states")[None].to(get_parameter_dtype(t.audio_proj_in)))
+    text_embeds = t.context_embedder(cat("encoder_hidden_states")[None].to(get_parameter_dtype(t.context_embedder)))
+    text_embeds = _refine(t.token_refiner, text_embeds, text_rows)
+    sequence_length = int(position_ids.shape[0])
+    hidden_states = text_embeds.new_zeros((1, sequence_length, text_embeds.shape[-1]))
+    hidden_states = hidden_states.index_copy(1, text_indices, text_embeds)
+    hidden_states = hidden_states.index_copy(1, video_indices, video_embeds.to(text_embeds.dtype))
+    hidden_states = hidden_states.index_copy(1, audio_indices, audio_embeds.to(text_embeds.dtype))
+    temb = t.time_embedder(t.time_proj(timestep).to(get_parameter_dtype(t.time_embedder)))
+    adaln_indices = timestep_indices * MINIMAX_H3_MODALITY_NUM + token_tags
+    blocks = list(t.transformer_blocks)
+    if caches is None or all(cache is None for cache in caches):
+        for block in blocks:
+            hidden_states = block(hidden_states, temb, adaln_indices, rotary_emb, rows)
+    else:
+        hidden_states = _cached_blocks(blocks, hidden_states, temb, adaln_indices, rotary_emb, rows, caches)
+    hidden_states = t.norm_out(hidden_states, temb, timestep_indices).to(get_parameter_dtype(t.proj_out))
+    video_out = t.proj_out(hidden_states).index_select(1, video_indices)[0]
+    audio_out = t.audio_proj_out(hidden_states).index_select(1, audio_indices)[0]
+    results, video_start, audio_start = [], 0, 0
+    for item in inputs:
+        nv, na = int(item.video_indices.shape[0]), int(item.audio_indices.shape[0])
+        results.append((video_out[video_start : video_start + nv], audio_out[audio_start : audio_start + na]))
+        video_start, audio_start = video_start + nv, audio_start + na
+    return results
+
+
+def _refine(refiner: Any, hidden_states: torch.Tensor, segments: Segments) -> torch.Tensor:
+    """`MiniMaxH3TokenRefiner.forward`, each request's text attending to itself only."""
+    for block in refiner.refiner_blocks:
+        hidden_states = hidden_states + block.attn(block.norm1(hidden_states), None, segments)
+        hidden_states = hidden_states + block.ff(block.norm2(hidden_states))
+    return refiner.final_norm(hidden_states)
+
+
+def _cached_blocks(
+    blocks: list[Any], hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor,
+    rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, caches: list[CacheRow | None],
+) -> torch.Tensor:
+    """First-block caching over packed requests: block 0 for all, the rest for the requests that must compute."""
+    from omni_core.stages import diffusion_cache
+
+    before = hidden_states
+    hidden_states = blocks[0](hidden_states, temb, adaln_indices, rotary_emb, rows)
+    signal = hidden_states - before
+    compute = []
+    for (start, end), cache in zip(rows.spans, caches):
+        if cache is None:
+            compute.append(True)
+            continue
+        decided = diffusion_cache.decide([(cache.state, 0)], signal[:, start:end], [cache.step], [cache.total])
+        compute.append(decided[0])
+    out = hidden_states.clone()
+    chosen = [span for span, c in zip(rows.spans, compute) if c]
+    if chosen:
+        index = torch.cat([torch.arange(start, end, device=hidden_states.device) for start, end in chosen])
+        sub = hidden_states.index_select(1, index)
+        sub_rows = Segments.of_lengths([end - start for start, end in chosen])
+        sub_rotary = (rotary_emb[0].index_select(0, index), rotary_emb[1].index_select(0, index))
+        sub_adaln = adaln_indices.index_select(0, index)
+        for block in blocks[1:]:
+            sub = block(sub, temb, sub_adaln, sub_rotary, sub_rows)
+        out.index_copy_(1, index, sub)
+    for (start, end), cache, computed in zip(rows.spans, caches, compute):
+        if cache is None:
+            continue
+        if computed:
+            diffusion_cache.record(cache.state, 0, signal[0, start:end], out[0, start:end] - hidden_states[0, start:end])
+        else:
+            out[0, start:end] = hidden_states[0, start:end] + cache.state.residual[0]
+            diffusion_cache.record(cache.state, 0, signal[0, start:end], None)
+    return out

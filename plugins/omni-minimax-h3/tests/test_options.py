@@ -1,0 +1,41 @@
+"""The diffusion stage's deploy options on MiniMax-H3: int8 weight-only DiT linears, bfloat16 weights."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+
+from omni_core.config import resolve
+from omni_core.stages.diffusion import DiffusionStageRuntime
+from omni_minimax_h3.reference import request, run_dit, stage_inputs
+
+MODEL = "omni-tiny/minimax-h3"
+INLINE = ("encoder.placement=inline", "dit.placement=inline", "dit.admission_window_ms=0")
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.parametrize(("overrides", "layer_type", "min_psnr"), [(("dit.quantization=int8",), "Int8WeightOnlyLinear", 30.0), (("dit.dtype=bfloat16",), None, 20.0)])
+def test_dit_options_stay_close_to_fp32(dit, processor, encoder, overrides: tuple, layer_type: str | None, min_psnr: float) -> None:
+    item = request("a red apple on a wooden table", seed=2, steps=4)
+    plain = run_dit(dit, stage_inputs(processor, encoder, {"plain": item}))["plain"]
+    pipeline = resolve(MODEL, overrides=[*INLINE, *overrides])
+    stage = pipeline.stage("dit")
+    if stage.quantization is not None:  # the resolver skips layers under 64 features: the tiny DiT has none that big
+        stage = attrs.evolve(stage, quantization={**stage.quantization, "min_features": 16})
+    runtime = DiffusionStageRuntime(pipeline, stage)
+    runtime.load()
+    transformer = runtime.model.pipe.transformer
+    if layer_type is not None:
+        assert layer_type in {type(m).__name__ for m in transformer.transformer_blocks.modules()}
+        assert type(transformer.proj_in).__name__ == "Linear"  # the fp32-kept projections stay as they are
+    else:
+        assert str(transformer.transformer_blocks[0].attn.to_q.weight.dtype) == "torch.bfloat16"
+        assert str(transformer.proj_in.weight.dtype) == "torch.float32"  # the library keeps them in fp32
+    other = run_dit(runtime, stage_inputs(processor, encoder, {"other": item}))["other"]
+    assert other["video"].shape == plain["video"].shape and other["audio"].shape == plain["audio"].shape
+    assert psnr(other["video"], plain["video"]) >= min_psnr
