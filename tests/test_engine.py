@@ -296,3 +296,12 @@ async def test_a_placement_that_is_not_a_replica_is_refused() -> None:
     with pytest.raises(Exception, match="PartContext"):
         async with AsyncOmniEngine(attrs.evolve(pipeline, stages=(wrong,))):
             pass
+
+
+def test_a_worker_killed_by_a_signal_is_named_with_what_to_do() -> None:
+    from omni_core.runtime.replica import exit_reason
+
+    assert exit_reason(1) == "exited (code 1)"
+    assert exit_reason(-9).startswith("killed by SIGKILL: ") and "out-of-memory" in exit_reason(-9)
+    assert exit_reason(-4).startswith("killed by SIGILL: ") and "dtype float32" in exit_reason(-4)
+    assert exit_reason(-15) == "killed by SIGTERM"
