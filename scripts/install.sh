@@ -41,4 +41,9 @@ done
 echo "installing omni-core and ${#plugins[@]} plugin(s) (editable) ..." >&2
 "${PIP[@]}" install -e ".[test]" "${plugins[@]}" "diffusers==0.42.1"
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+# omni-hunyuan's image tests compare with nemo-automodel's Apache-2.0 HunyuanImage-3 code; its
+# package pins an older transformers and megatron, which that module does not need: no deps.
+if ! "$VENV/bin/python" -c "import nemo_automodel" 2>/dev/null; then
+  "${PIP[@]}" install --no-deps "nemo-automodel==0.7.0"
+fi
 echo "ready: $VENV/bin/omni" >&2

@@ -1,0 +1,115 @@
+"""The sizes of a HunyuanImage-3.0 checkpoint, read from its release-schema ``config.json``.
+
+Every module of the plugin is sized from this object, never from constants, so the tiny checkpoint and
+the 80B release go through the same code. Fields the release stores as per-layer lists (experts, top-k,
+shared experts, MoE widths) must be uniform here: the released checkpoints are, and a clear error beats a
+silently wrong layer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+ARCHITECTURE = "HunyuanImage3ForCausalMM"
+MODEL_TYPES = ("Hunyuan", "hunyuan_image_3_moe")
+
+
+def _uniform(config: Mapping[str, Any], key: str, default: Any = None) -> int:
+    """A field that the release may store per layer: one value, or a list whose values all agree."""
+    value = config.get(key, default)
+    if value is None:
+        raise ValueError(f"config.json has no {key!r}, which HunyuanImage-3.0 needs")
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise ValueError(f"config.json {key!r} differs between layers ({value}); only uniform layers are supported")
+        value = value[0]
+    return int(value)
+
+
+@attrs.frozen
+class HunyuanConfig:
+    """The transformer's sizes plus the raw ``vae`` / ``vit`` sections (their own modules read those)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    moe_topk: int
+    moe_intermediate_size: int
+    num_shared_experts: int
+    norm_topk_prob: bool
+    rms_norm_eps: float
+    rope_theta: float
+    use_qk_norm: bool
+    attention_bias: bool
+    mlp_bias: bool
+    patch_size: int
+    patch_embed_hidden_dim: int
+    image_base_size: int
+    latent_channels: int
+    vae: Mapping[str, Any]
+    raw: Mapping[str, Any] = attrs.field(repr=False)
+
+    @property
+    def heads_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def vae_downsample(self) -> int:
+        """Pixels per latent along each spatial axis (16 in the release)."""
+        return int(self.vae.get("ffactor_spatial", 16))
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> HunyuanConfig:
+        """Read a release-schema config dict; raise ValueError for what this implementation cannot run."""
+        if config.get("img_proj_type", "unet") != "unet":
+            raise ValueError(f"img_proj_type {config.get('img_proj_type')!r} is not supported (only 'unet')")
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        head_dim = int(config.get("attention_head_dim") or config.get("head_dim") or hidden // heads)
+        if head_dim % 4:
+            raise ValueError(f"attention_head_dim {head_dim} must be a multiple of 4 (2-D RoPE splits it in y/x pairs)")
+        use_mixed = bool(config.get("use_mixed_mlp_moe", True))
+        vae = dict(config.get("vae") or {})
+        return cls(
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            num_experts=_uniform(config, "num_experts"),
+            moe_topk=_uniform(config, "moe_topk"),
+            moe_intermediate_size=_uniform(config, "moe_intermediate_size", config.get("intermediate_size")),
+            num_shared_experts=_uniform(config, "num_shared_expert", 1) if use_mixed else 0,
+            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            use_qk_norm=bool(config.get("use_qk_norm", True)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            patch_size=int(config.get("patch_size", 1)),
+            patch_embed_hidden_dim=int(config.get("patch_embed_hidden_dim", 1024)),
+            image_base_size=int(config.get("image_base_size", 1024)),
+            latent_channels=int(vae.get("latent_channels", 32)),
+            vae=vae,
+            raw=dict(config),
+        )
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path) -> HunyuanConfig:
+        return cls.from_dict(json.loads((Path(model_path) / "config.json").read_text()))
+
+
+def generation_defaults(model_path: str | Path) -> dict[str, Any]:
+    """The checkpoint's ``generation_config.json`` (sampler and prompt-template defaults), or {}."""
+    path = Path(model_path) / "generation_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,259 @@
+"""The building blocks of HunyuanImage-3.0, named as the release names its weights.
+
+Module and parameter names follow the release's on-disk keys (FAMILIES.md 2.2), so a release checkpoint
+loads with ``load_state_dict`` and no renaming: the fused qkv stays interleaved per KV head, the experts
+keep their ``[up; gate]`` rows and the router its fp32 ``gate.wg``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omni_hunyuan.config import HunyuanConfig
+from omni_hunyuan.rope import apply_rope
+
+FREQUENCY_EMBEDDING_SIZE = 256
+"""Width of the sinusoidal timestep features (the release's TimestepEmbedder)."""
+
+GROUP_NORM_GROUPS = 32
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32; the weight multiplies the normalised input cast back to its dtype."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    """GQA attention with the release's fused ``qkv_proj``, QK RMSNorm applied *after* RoPE.
+
+    ``qkv_proj`` rows are grouped per KV head: for each of the ``num_kv_heads`` groups, its
+    ``heads_per_kv`` query heads, then one key head, then one value head.
+    """
+
+    def __init__(self, config: HunyuanConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.group = config.heads_per_kv
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=config.attention_bias)
+        self.use_qk_norm = config.use_qk_norm
+        if self.use_qk_norm:
+            self.query_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.key_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Attend the new tokens ``x [B, S, H]`` to ``past`` keys/values plus their own.
+
+        `mask` is boolean ``[B, 1, S, past + S]``, true where a query may see a key. Returns the output
+        and the keys/values of past + new tokens (rotated and normalised: what a cache keeps).
+        """
+        batch, seq, _ = x.shape
+        qkv = self.qkv_proj(x).view(batch, seq, self.num_kv_heads, self.group + 2, self.head_dim)
+        q = qkv[:, :, :, : self.group].reshape(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        k = qkv[:, :, :, self.group].transpose(1, 2)
+        v = qkv[:, :, :, self.group + 1].transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if self.use_qk_norm:
+            q = self.query_layernorm(q)
+            k = self.key_layernorm(k)
+        q = q.to(v.dtype)
+        k = k.to(v.dtype)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim)
+        return self.o_proj(out), (k, v)
+
+
+class MLP(nn.Module):
+    """SwiGLU with the release's fused ``gate_and_up_proj``, rows ``[up; gate]``: ``down(up * silu(gate))``."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_and_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up, gate = self.gate_and_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * F.silu(gate))
+
+
+class Router(nn.Module):
+    """The top-k router; its weight ``wg`` stays fp32 (the release keeps it so) whatever the model dtype."""
+
+    def __init__(self, hidden: int, num_experts: int) -> None:
+        super().__init__()
+        self.wg = nn.Linear(hidden, num_experts, bias=False, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Expert probabilities ``[tokens, experts]`` (fp32 softmax of fp32 logits)."""
+        return F.softmax(F.linear(x.float(), self.wg.weight.float()), dim=-1)
+
+
+class MoE(nn.Module):
+    """Every layer's MLP: routed experts (softmax, top-k, renormalised) plus the shared expert(s)."""
+
+    def __init__(self, config: HunyuanConfig) -> None:
+        super().__init__()
+        self.topk = config.moe_topk
+        self.norm_topk_prob = config.norm_topk_prob
+        self.gate = Router(config.hidden_size, config.num_experts)
+        self.experts = nn.ModuleList(
+            MLP(config.hidden_size, config.moe_intermediate_size, config.mlp_bias) for _ in range(config.num_experts)
+        )
+        self.shared_mlp = (
+            MLP(config.hidden_size, config.moe_intermediate_size * config.num_shared_experts, config.mlp_bias)
+            if config.num_shared_experts
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        weights, chosen = torch.topk(self.gate(tokens), self.topk, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        routed = torch.zeros_like(tokens)
+        # Only the experts some token picked run; each sees just its tokens (a gather, not a dense pass).
+        for expert in chosen.unique().tolist():
+            rows, slot = (chosen == expert).nonzero(as_tuple=True)
+            out = self.experts[expert](tokens[rows]) * weights[rows, slot, None].to(tokens.dtype)
+            routed.index_add_(0, rows, out)
+        if self.shared_mlp is not None:
+            routed = routed + self.shared_mlp(tokens)
+        return routed.reshape(shape)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: attention, then the MoE."""
+
+    def __init__(self, config: HunyuanConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MoE(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        attended, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+def timestep_features(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal features ``[B, dim]`` of (fractional) timesteps, cosine half first, fp32."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None]
+    features = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    if dim % 2:
+        features = torch.cat([features, torch.zeros_like(features[:, :1])], dim=-1)
+    return features
+
+
+class TimestepEmbedder(nn.Module):
+    """Sinusoidal timestep features through Linear-GELU-Linear (keys ``mlp.0``, ``mlp.2``)."""
+
+    def __init__(self, hidden: int, frequency_size: int = FREQUENCY_EMBEDDING_SIZE) -> None:
+        super().__init__()
+        self.frequency_size = frequency_size
+        self.mlp = nn.Sequential(nn.Linear(frequency_size, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.mlp(timestep_features(t, self.frequency_size).to(self.mlp[0].weight.dtype))
+
+
+class GroupNorm32(nn.GroupNorm):
+    """32-group GroupNorm computed in fp32 (the release runs it under autocast, which upcasts it)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(GROUP_NORM_GROUPS, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+
+
+class ResBlock(nn.Module):
+    """Conv residual block whose second norm is modulated by the timestep: ``norm(h) * (1 + scale) + shift``."""
+
+    def __init__(self, channels: int, emb_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.in_layers = nn.Sequential(GroupNorm32(channels), nn.SiLU(), nn.Conv2d(channels, out_channels, 3, padding=1))
+        self.emb_layers = nn.Sequential(nn.SiLU(), nn.Linear(emb_channels, 2 * out_channels))
+        self.out_layers = nn.Sequential(
+            GroupNorm32(out_channels), nn.SiLU(), nn.Dropout(p=0.0), nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        )
+        self.skip_connection = nn.Identity() if channels == out_channels else nn.Conv2d(channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        h = self.in_layers(x)
+        scale, shift = self.emb_layers(emb)[:, :, None, None].chunk(2, dim=1)
+        h = self.out_layers[0](h) * (1.0 + scale) + shift
+        h = self.out_layers[1:](h)
+        return self.skip_connection(x) + h
+
+
+class UNetDown(nn.Module):
+    """Latents ``[B, C, h, w]`` -> image tokens ``[B, h*w, hidden]`` (patch size 1), timestep-conditioned."""
+
+    def __init__(self, latent_channels: int, hidden: int, patch_hidden: int) -> None:
+        super().__init__()
+        self.model = nn.ModuleList(
+            [nn.Conv2d(latent_channels, patch_hidden, 3, padding=1), ResBlock(patch_hidden, hidden, hidden)]
+        )
+
+    def forward(self, latents: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        x = self.model[1](self.model[0](latents), emb)
+        return x.flatten(2).transpose(1, 2)
+
+
+class UNetUp(nn.Module):
+    """Image-token hidden states ``[B, h*w, hidden]`` -> velocity ``[B, C, h, w]``, timestep-conditioned."""
+
+    def __init__(self, latent_channels: int, hidden: int, patch_hidden: int) -> None:
+        super().__init__()
+        self.model = nn.ModuleList(
+            [
+                ResBlock(hidden, hidden, patch_hidden),
+                nn.Sequential(GroupNorm32(patch_hidden), nn.SiLU(), nn.Conv2d(patch_hidden, latent_channels, 3, padding=1)),
+            ]
+        )
+
+    def forward(self, tokens: torch.Tensor, emb: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        batch, _, channels = tokens.shape
+        x = tokens.transpose(1, 2).reshape(batch, channels, height, width)
+        return self.model[1](self.model[0](x, emb))

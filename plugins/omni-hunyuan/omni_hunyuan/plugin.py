@@ -1,0 +1,24 @@
+"""Omni hook implementations of the HunyuanImage-3.0 plugin (fast: no torch import, no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from omni_core import hookimpl
+from omni_core.families import PipelineFamily
+
+FAMILY = PipelineFamily(
+    name="hunyuan-image3",
+    pipeline="omni_hunyuan.pipeline:build_pipeline",
+    architectures=("HunyuanImage3ForCausalMM",),
+    # `Hunyuan` in the base release's config.json, `hunyuan_image_3_moe` in later ones.
+    model_types=("Hunyuan", "hunyuan_image_3_moe"),
+    make_tiny="omni_hunyuan.tiny:make_tiny",
+    tiny_format=2,  # 2: a smaller init of the velocity conv
+    description="HunyuanImage-3.0 (HunyuanImage3ForCausalMM): one MoE that writes text and draws images",
+)
+
+
+@hookimpl
+def register_pipelines(register: Callable[[PipelineFamily], None]) -> None:
+    register(FAMILY)

@@ -1,0 +1,184 @@
+"""HunyuanImage-3.0's transformer: one MoE decoder that writes text and predicts image-flow velocity.
+
+Text runs causally. For an image the sequence is ``... <timestep> <img>*(h*w) <eoi>``: the ``<timestep>``
+slot holds a timestep embedding, the ``<img>`` slots the noisy latents through `UNetDown`, the image tokens
+see each other both ways, and the final hidden states at the image slots (before ``ln_f``) go through
+`UNetUp` as the velocity. Text never attends to the image, and no image token's output depends on
+``<eoi>`` (image rows cannot see it), so a denoising step only needs the keys/values of the text prefix,
+computed once per request (`encode_prefix`), plus a forward over ``<timestep>`` and the image tokens
+(`velocity`): the same numbers as a forward over the whole sequence, at a fraction of the work.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import nn
+
+from omni_hunyuan.config import HunyuanConfig
+from omni_hunyuan.layers import (
+    DecoderLayer,
+    RMSNorm,
+    TimestepEmbedder,
+    UNetDown,
+    UNetUp,
+)
+from omni_hunyuan.rope import image_positions, rope_tables, text_positions
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@attrs.frozen
+class PrefixCache:
+    """Per-layer keys/values ``[B, kv_heads, length, head_dim]`` of a batch of text prefixes.
+
+    Rows may be shorter than `length` (`lengths` per row): `concat` right-pads them so prompts of
+    different lengths share one denoising forward, and `velocity` masks the padding out.
+    """
+
+    layers: tuple[KV, ...]
+    lengths: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return max(self.lengths)
+
+    @staticmethod
+    def concat(caches: list[PrefixCache]) -> PrefixCache:
+        """One cache of every row of `caches` (right-padded with zeros to the longest)."""
+        if len(caches) == 1:
+            return caches[0]
+        longest = max(cache.length for cache in caches)
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[2]))
+
+        layers = tuple(
+            (torch.cat([pad(c.layers[i][0]) for c in caches]), torch.cat([pad(c.layers[i][1]) for c in caches]))
+            for i in range(len(caches[0].layers))
+        )
+        return PrefixCache(layers, tuple(n for cache in caches for n in cache.lengths))
+
+
+class Backbone(nn.Module):
+    """``model.*`` of the release: token embedding ``wte``, the decoder layers, final norm ``ln_f``."""
+
+    def __init__(self, config: HunyuanConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.ln_f = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class HunyuanImage3(nn.Module):
+    """The release's ``HunyuanImage3ForCausalMM`` minus its VAE and vision tower (loaded on their own)."""
+
+    def __init__(self, config: HunyuanConfig) -> None:
+        super().__init__()
+        if config.patch_size != 1:
+            raise ValueError(f"patch_size {config.patch_size} is not supported (the release uses 1)")
+        self.config = config
+        hidden, latent, patch_hidden = config.hidden_size, config.latent_channels, config.patch_embed_hidden_dim
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+        self.timestep_emb = TimestepEmbedder(hidden)  # the <timestep> token
+        self.time_embed = TimestepEmbedder(hidden)  # conditions UNetDown
+        self.time_embed_2 = TimestepEmbedder(hidden)  # conditions UNetUp
+        self.patch_embed = UNetDown(latent, hidden, patch_hidden)
+        self.final_layer = UNetUp(latent, hidden, patch_hidden)
+
+    # -- the decoder over new tokens, given what is cached -------------------------------------------
+
+    def _run(
+        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: PrefixCache | None
+    ) -> tuple[torch.Tensor, tuple[KV, ...]]:
+        """Hidden states (before ``ln_f``) of new tokens, and the caches of past + new tokens."""
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        batch = embeds.shape[0]
+        cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
+        hidden = embeds
+        caches = []
+        for index, layer in enumerate(self.model.layers):
+            hidden, cache = layer(hidden, cos, sin, mask, None if past is None else past.layers[index])
+            caches.append(cache)
+        return hidden, tuple(caches)
+
+    def _causal_mask(self, new: int, past: int, device: torch.device) -> torch.Tensor:
+        query = torch.arange(past, past + new, device=device)[:, None]
+        key = torch.arange(past + new, device=device)[None, :]
+        return (key <= query)[None, None]
+
+    # -- text ------------------------------------------------------------------------------------------
+
+    def text_forward(self, input_ids: torch.Tensor, past: PrefixCache | None = None) -> tuple[torch.Tensor, PrefixCache]:
+        """fp32 logits ``[B, S, vocab]`` of causal text tokens after `past`, and the extended cache."""
+        start = 0 if past is None else past.length
+        seq = input_ids.shape[1]
+        positions = text_positions(start, seq, input_ids.device)[None]
+        mask = self._causal_mask(seq, start, input_ids.device)
+        hidden, caches = self._run(self.model.wte(input_ids), positions, mask, past)
+        logits = self.lm_head(self.model.ln_f(hidden)).float()
+        return logits, PrefixCache(caches, (start + seq,) * input_ids.shape[0])
+
+    @torch.no_grad()
+    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
+        """Greedy continuation of one prompt ``[1, S]`` with a KV cache (the text path's own decode)."""
+        logits, cache = self.text_forward(input_ids)
+        tokens: list[int] = []
+        for _ in range(max_new_tokens):
+            token = int(logits[0, -1].argmax())
+            tokens.append(token)
+            if token in stop_ids:
+                break
+            logits, cache = self.text_forward(torch.tensor([[token]], device=input_ids.device), cache)
+        return tokens
+
+    # -- image -----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_prefix(self, prefix_ids: torch.Tensor) -> PrefixCache:
+        """Keys/values of the text before ``<timestep>`` (``[B, L]``, equal lengths): once per request."""
+        seq = prefix_ids.shape[1]
+        positions = text_positions(0, seq, prefix_ids.device)[None]
+        _, caches = self._run(self.model.wte(prefix_ids), positions, self._causal_mask(seq, 0, prefix_ids.device), None)
+        return PrefixCache(caches, (seq,) * prefix_ids.shape[0])
+
+    def velocity(self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        """Flow velocity ``[B, C, h, w]`` of noisy `latents` at `timestep` (``[B]``, sigma * 1000).
+
+        Row b's new tokens are ``<timestep>`` at index L_b (its prefix length) and the h*w image tokens
+        from L_b + 1; ``<timestep>`` sees the prefix and itself, the image tokens the prefix,
+        ``<timestep>`` and every image token; nobody sees another row's padding.
+        """
+        batch, _, height, width = latents.shape
+        span = height * width
+        device = latents.device
+        dtype = self.model.wte.weight.dtype
+        step_token = self.timestep_emb(timestep).to(dtype)[:, None]
+        image_tokens = self.patch_embed(latents.to(dtype), self.time_embed(timestep).to(dtype))
+        embeds = torch.cat([step_token, image_tokens.to(dtype)], dim=1)
+        positions = torch.stack(
+            [torch.cat([text_positions(n, 1, device), image_positions(n + 1, height, width, device)]) for n in prefix.lengths]
+        )
+        padded = prefix.length
+        lengths = torch.tensor(prefix.lengths, device=device)
+        prefix_keys = torch.arange(padded, device=device)[None, None, :] < lengths[:, None, None]  # [B, 1, L]
+        new_keys = torch.ones(1 + span, 1 + span, dtype=torch.bool, device=device)
+        new_keys[0, 1:] = False  # <timestep> is text: it does not see the image after it
+        mask = torch.cat([prefix_keys.expand(batch, 1 + span, padded), new_keys.expand(batch, -1, -1)], dim=2)
+        hidden, _ = self._run(embeds, positions, mask[:, None], prefix)
+        return self.final_layer(hidden[:, 1:], self.time_embed_2(timestep).to(dtype), height, width)
+
+    def velocity_from_ids(
+        self, input_ids: torch.Tensor, latents: torch.Tensor, timestep: torch.Tensor, image_token_id: int
+    ) -> torch.Tensor:
+        """`velocity` for whole rows ``prefix <timestep> <img>*(h*w) <eoi>...`` (same layout in every row).
+
+        `image_token_id` comes from the tokenizer (`SpecialTokens.image`), never a constant.
+        """
+        span = latents.shape[2] * latents.shape[3]
+        is_image = input_ids == image_token_id
+        starts = is_image.int().argmax(dim=1)
+        if not bool((starts == starts[0]).all()) or not bool((is_image.sum(dim=1) == span).all()):
+            raise ValueError(f"every row needs one span of {span} <img> tokens, at the same index")
+        return self.velocity(self.encode_prefix(input_ids[:, : int(starts[0]) - 1]), latents, timestep)

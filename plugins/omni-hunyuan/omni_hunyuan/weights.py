@@ -1,0 +1,82 @@
+"""Reading a checkpoint in the release layout: sharded or single safetensors, by key prefix.
+
+The release stores the transformer, the VAE (``vae.*``) and the vision tower (``vision_model.*``,
+``vision_aligner.*``) in one set of shards; each part loads only its own keys, so the DiT does not pay for
+the ViT and a text-only stage not for the VAE.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from omni_hunyuan.config import HunyuanConfig
+from omni_hunyuan.transformer import HunyuanImage3
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+NON_TRANSFORMER_PREFIXES = ("vae.", "vision_model.", "vision_aligner.")
+
+
+def _shards(model_path: Path) -> dict[str, list[str] | None]:
+    """Shard file -> its keys (None: read all the file's keys)."""
+    index = model_path / INDEX_FILE
+    if index.exists():
+        shards: dict[str, list[str] | None] = {}
+        for key, shard in json.loads(index.read_text())["weight_map"].items():
+            keys = shards.setdefault(shard, [])
+            assert keys is not None
+            keys.append(key)
+        return shards
+    if (model_path / SINGLE_FILE).exists():
+        return {SINGLE_FILE: None}
+    raise FileNotFoundError(f"{model_path} has neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def read_tensors(
+    model_path: str | Path, include: Iterable[str] = ("",), exclude: Iterable[str] = ()
+) -> dict[str, torch.Tensor]:
+    """Tensors whose keys start with one of `include` and none of `exclude`; shards without any are not opened."""
+    from safetensors import safe_open
+
+    include, exclude = tuple(include), tuple(exclude)
+    model_path = Path(model_path)
+
+    def wanted(key: str) -> bool:
+        return key.startswith(include) and not key.startswith(exclude)
+
+    tensors: dict[str, torch.Tensor] = {}
+    for shard, keys in _shards(model_path).items():
+        if keys is not None and not any(wanted(key) for key in keys):
+            continue
+        with safe_open(str(model_path / shard), framework="pt") as reader:
+            for key in reader.keys():  # noqa: SIM118 (a safetensors reader, not a dict)
+                if wanted(key):
+                    tensors[key] = reader.get_tensor(key)
+    return tensors
+
+
+def load_transformer(model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HunyuanImage3:
+    """The transformer from any release-layout checkpoint, strictly (a missing or extra key is an error).
+
+    The router stays fp32 whatever `dtype` is, as in the release.
+    """
+    config = HunyuanConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = HunyuanImage3(config)
+    state = read_tensors(model_path, exclude=NON_TRANSFORMER_PREFIXES)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"{model_path} does not match HunyuanImage-3.0's layout: missing {result.missing_keys[:8]}, "
+            f"unexpected {result.unexpected_keys[:8]}"
+        )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # Cast each tensor once, from the file's dtype: the fp32 router never goes through `dtype`.
+            target = torch.float32 if ".mlp.gate." in name else dtype
+            param.data = param.data.to(device=device, dtype=target)
+    return model.eval()

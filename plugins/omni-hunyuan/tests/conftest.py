@@ -1,0 +1,58 @@
+"""Fixtures of the HunyuanImage-3.0 tests: the tiny checkpoint (``omni-tiny/hunyuan-image3``), its
+tokenizer and special tokens, and our transformer loaded once per session.
+
+transformers and diffusers are imported at the top: without them the suite fails, never skips.
+Their ``modeling_utils`` too, once, here: the family contract loads its two inline stages at the same
+time in two threads, and both would otherwise import accelerate (through transformers' and diffusers'
+lazy modules) concurrently, where accelerate's circular imports fail with "partially initialized
+module" in one of them. Stages in processes (the default placement) never race.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import diffusers.models.modeling_utils  # noqa: F401
+import pytest
+import transformers
+import transformers.modeling_utils
+
+from omni_core.config.modelref import resolve_model_path
+from omni_core.plugins import default_plugins
+
+MODEL = "omni-tiny/hunyuan-image3"
+
+
+@pytest.fixture(scope="session")
+def checkpoint() -> Path:
+    return resolve_model_path(MODEL, default_plugins())
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint: Path) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(checkpoint)
+
+
+@pytest.fixture(scope="session")
+def tokens(checkpoint: Path, tokenizer: Any) -> Any:
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.tokens import SpecialTokens
+
+    return SpecialTokens.from_tokenizer(tokenizer, HunyuanConfig.from_pretrained(checkpoint).image_base_size)
+
+
+@pytest.fixture(scope="session")
+def model(checkpoint: Path) -> Any:
+    from omni_hunyuan.weights import load_transformer
+
+    return load_transformer(checkpoint)
+
+
+@pytest.fixture(scope="session")
+def vae(checkpoint: Path) -> Any:
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.vae import load_vae
+
+    return load_vae(checkpoint, HunyuanConfig.from_pretrained(checkpoint).vae)

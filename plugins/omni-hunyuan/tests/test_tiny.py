@@ -1,0 +1,94 @@
+"""The tiny checkpoint: release schema, release key layout, special tokens, family match."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omni_core.config.modelref import read_hf_config
+from omni_core.plugins import default_plugins
+
+
+def test_family_matches_release_configs(checkpoint: Path) -> None:
+    family = default_plugins().families["hunyuan-image3"]
+    config = read_hf_config(checkpoint)
+    assert "HunyuanImage3ForCausalMM" in config["architectures"]
+    assert set(family.model_types) == {"Hunyuan", "hunyuan_image_3_moe"}
+    assert config["model_type"] in family.model_types
+
+
+@pytest.mark.parametrize("config", [{"model_type": "Hunyuan"}, {"model_type": "hunyuan_image_3_moe"}, {"architectures": ["HunyuanImage3ForCausalMM"]}])
+def test_base_and_later_release_configs_pick_the_family(config: dict[str, Any]) -> None:
+    assert default_plugins().family_for("some/checkpoint", config).name == "hunyuan-image3"
+
+
+def test_release_schema(checkpoint: Path) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    for section in ("vae", "vit", "vit_processor", "vit_aligner"):
+        assert isinstance(config[section], dict), section
+    generation = json.loads((checkpoint / "generation_config.json").read_text())
+    for key in ("sequence_template", "flow_shift", "diff_infer_steps", "diff_guidance_scale", "bot_task"):
+        assert key in generation, key
+
+
+def test_release_key_layout(checkpoint: Path) -> None:
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.weights import read_tensors
+
+    config = HunyuanConfig.from_pretrained(checkpoint)
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"]
+    layer = "model.layers.0."
+    hidden, inter = config.hidden_size, config.moe_intermediate_size
+    tensors = read_tensors(checkpoint, (layer, "model.wte", "model.ln_f", "lm_head"))
+    assert tensors[layer + "self_attn.qkv_proj.weight"].shape == ((config.num_heads + 2 * config.num_kv_heads) * config.head_dim, hidden)
+    assert tensors[layer + "mlp.gate.wg.weight"].shape == (config.num_experts, hidden)
+    assert tensors[layer + "mlp.experts.0.gate_and_up_proj.weight"].shape == (2 * inter, hidden)
+    assert {"model.wte.weight", "model.ln_f.weight", "lm_head.weight"} <= set(tensors)
+    for prefix in ("vae.encoder.down.0.block.0.", "vae.decoder.up.0.block.0.", "vae.decoder.mid.attn_1.", "vision_model.", "vision_aligner.", "patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2."):
+        assert any(key.startswith(prefix) for key in index), prefix
+
+
+def test_special_tokens_come_from_the_tokenizer(tokenizer: Any, tokens: Any) -> None:
+    from omni_hunyuan.tokens import NUM_INSTRUCT_RATIOS
+
+    assert tokens.image == tokenizer.convert_tokens_to_ids("<img>")
+    assert len(tokens.ratios) == NUM_INSTRUCT_RATIOS
+    ids = {tokens.bos, tokens.eos, tokens.boi, tokens.eoi, tokens.image, tokens.cfg, tokens.timestep, tokens.size, *tokens.ratios}
+    assert len(ids) == 8 + NUM_INSTRUCT_RATIOS  # all distinct
+    # Each special token is one token, never split by the BPE.
+    assert tokenizer.encode("<think>x</think><img_ratio_36>", add_special_tokens=False)[0] == tokens.think
+    listed = json.dumps(json.loads((Path(tokenizer.name_or_path) / "tokenizer_config.json").read_text()))
+    for name in ("<boi>", "<eoi>", "<img>", "<cfg>", "<timestep>", "<recaption>", "</think>", "<answer>", "<img_ratio_0>"):
+        assert name in listed, name
+
+
+def test_unknown_size_names_the_supported_ones(tmp_path: Path) -> None:
+    from omni_hunyuan.tiny import make_tiny
+
+    with pytest.raises(ValueError, match="tiny"):
+        make_tiny(tmp_path, "huge")
+
+
+def test_loader_is_strict(checkpoint: Path, tmp_path: Path) -> None:
+    """A checkpoint missing a transformer tensor is refused by name, not half-loaded."""
+    import shutil
+
+    from omni_hunyuan.weights import load_transformer
+    from safetensors.torch import load_file, save_file
+
+    for item in checkpoint.iterdir():
+        if item.name != "model-00001-of-00002.safetensors":
+            (tmp_path / item.name).symlink_to(item)
+    tensors = load_file(checkpoint / "model-00001-of-00002.safetensors")
+    del tensors["model.layers.1.mlp.experts.3.down_proj.weight"]
+    save_file(tensors, str(tmp_path / "model-00001-of-00002.safetensors"))
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["model.layers.1.mlp.experts.3.down_proj.weight"]
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="experts.3.down_proj"):
+        load_transformer(tmp_path)
+    shutil.rmtree(tmp_path, ignore_errors=True)
