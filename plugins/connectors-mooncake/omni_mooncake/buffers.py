@@ -52,6 +52,48 @@ def first_fit(states: np.ndarray, pages: int) -> int | None:
     return int(starts[0]) if starts.size else None
 
 
+def _closed(*args: int) -> int:
+    raise ConnectorError("this arena is closed (its connector closed); create a new connector")
+
+
+class PageTable:
+    """Which pages of a buffer are free: runs handed out first fit, one-page runs from a list.
+
+    Small payloads take one page and are most of the traffic: a freed one-page run goes on a
+    list, and the next one-page claim pops it (the page freed last, still in cache) instead of
+    searching the table. The table stays the truth: a listed page that a longer run took
+    meanwhile is skipped. A page is listed once at most (only a one-page claim takes it off the
+    list, or a search when the list is empty). Not thread-safe: its owner holds a lock.
+    """
+
+    def __init__(self, n_pages: int) -> None:
+        self.n_pages = n_pages
+        self.states = np.zeros(n_pages, dtype=np.uint8)
+        self._flags = memoryview(self.states)  # one page's state without a numpy scalar (a tenth of the cost)
+        self._singles: list[int] = []
+
+    def claim(self, pages: int) -> int | None:
+        """The first page of a run of `pages` now marked used, or None when none is free."""
+        if pages == 1:
+            while self._singles:
+                page = self._singles.pop()
+                if self._flags[page] == _FREE:
+                    self._flags[page] = _USED
+                    return page
+        start = first_fit(self.states, pages)
+        if start is not None:
+            self.states[start : start + pages] = _USED
+        return start
+
+    def free(self, page: int, pages: int) -> None:
+        """Mark the run at `page` free."""
+        if pages == 1:
+            self._flags[page] = _FREE
+            self._singles.append(page)
+        else:
+            self.states[page : page + pages] = _FREE
+
+
 @attrs.frozen(eq=False)
 class Region:
     """A registered run of bytes: `array` (uint8, 64-byte aligned) at address `ptr`.
@@ -70,7 +112,8 @@ class RegisteredArena:
 
     `register(ptr, size)` and `unregister(ptr)` are the Mooncake client's calls (they return 0 on
     success). The memory is allocated and registered on first use, so an instance that never
-    moves a payload costs nothing. Thread-safe.
+    moves a payload costs nothing. Thread-safe. One-page regions are built once per page and
+    reused: a small get then allocates nothing.
     """
 
     def __init__(
@@ -87,7 +130,8 @@ class RegisteredArena:
         self._lock = threading.Lock()
         self._memory: np.ndarray | None = None
         self._address = 0
-        self._states = np.zeros(self.n_pages, dtype=np.uint8)
+        self._table = PageTable(self.n_pages)
+        self._single_regions: dict[int, Region] = {}  # one-page regions, built once per page
         self._dedicated: set[int] = set()
 
     def acquire(self, nbytes: int) -> Region:
@@ -96,12 +140,14 @@ class RegisteredArena:
         with self._lock:
             if pages <= self.n_pages:
                 memory = self._memory if self._memory is not None else self._map()
-                start = first_fit(self._states, pages)
+                start = self._table.claim(pages)
+                if start is not None and pages == 1:
+                    region = self._single_regions.get(start)
+                    if region is None:
+                        region = self._single_regions[start] = self._region(memory, start, 1)
+                    return region
                 if start is not None:
-                    self._states[start : start + pages] = _USED
-                    offset = start * self.page_size
-                    # The address from the base kept at mapping: `.ctypes` costs microseconds.
-                    return Region(memory[offset : offset + pages * self.page_size], self._address + offset, start, pages)
+                    return self._region(memory, start, pages)
         array = aligned_zeros(pages * self.page_size)
         self._checked(self._register(array.ctypes.data, array.nbytes), "register a buffer")
         with self._lock:
@@ -112,7 +158,7 @@ class RegisteredArena:
         """Give `region` back (its views must no longer be read)."""
         if region.page >= 0:
             with self._lock:
-                self._states[region.page : region.page + region.pages] = _FREE
+                self._table.free(region.page, region.pages)
             return
         with self._lock:
             if region.ptr not in self._dedicated:
@@ -121,14 +167,25 @@ class RegisteredArena:
         self._unregister(region.ptr)
 
     def close(self) -> None:
-        """Unregister everything (arrays still viewed by callers stay valid memory, unregistered)."""
+        """Unregister everything (arrays still viewed by callers stay valid memory, unregistered),
+        and let go of the Mooncake client: its bound methods would keep it alive, and its
+        destructor (which joins Mooncake's threads, GIL held) would then run at some later garbage
+        collection instead of in its owner's `close`."""
         with self._lock:
             memory, self._memory = self._memory, None
             dedicated, self._dedicated = self._dedicated, set()
+            self._single_regions = {}
+            unregister = self._unregister
+            self._register = self._unregister = _closed
         if memory is not None:
-            self._unregister(memory.ctypes.data)
+            unregister(memory.ctypes.data)
         for ptr in dedicated:
-            self._unregister(ptr)
+            unregister(ptr)
+
+    def _region(self, memory: np.ndarray, start: int, pages: int) -> Region:
+        offset = start * self.page_size
+        # The address from the base kept at mapping: `.ctypes` costs microseconds.
+        return Region(memory[offset : offset + pages * self.page_size], self._address + offset, start, pages)
 
     def _map(self) -> np.ndarray:
         memory = aligned_zeros(self.n_pages * self.page_size)

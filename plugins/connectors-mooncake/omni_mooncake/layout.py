@@ -4,6 +4,7 @@ keeps the object one contiguous transfer without a second round trip for the met
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import attrs
@@ -43,21 +44,22 @@ def lay_out(payload: Payload, inline_meta_bytes: int) -> PayloadLayout:
     return PayloadLayout(split, offset + len(split.skeleton), None, offset, len(split.skeleton))
 
 
-def torch_uint8() -> Any:
-    """torch.uint8, imported only when a payload holds torch tensors (torch is then loaded)."""
-    import torch
+def plain_bytes(tensor: Any) -> bool:
+    """Whether `tensor`'s memory holds exactly its values, in order: a contiguous CPU tensor
+    without a lazy conjugate or negation bit (``z.conj()``, ``z.conj().imag`` are views whose
+    memory holds the unconjugated values), so that copying its bytes copies it."""
+    return bool(tensor.is_cpu and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg())
 
-    return torch.uint8
 
-
-def write_payload(block: np.ndarray, layout: PayloadLayout) -> None:
+def write_payload(block: np.ndarray, address: int, layout: PayloadLayout) -> None:
     """Copy the tensors (and a skeleton that does not travel inline) into `block` (uint8, at
-    least ``layout.nbytes`` long, 64-byte aligned): one pass over the tensor bytes."""
+    least ``layout.nbytes`` long, 64-byte aligned, at `address`): one pass over the tensor bytes."""
     for slot, tensor in zip(layout.split.slots, layout.split.tensors):
-        if slot.kind == "torch" and slot.nbytes and tensor.device.type == "cpu" and tensor.is_contiguous():
-            # The common case (a contiguous CPU tensor) as raw bytes: one memcpy with a few
-            # microseconds less of torch dispatch than a typed copy into a view.
-            np.copyto(block[slot.offset : slot.offset + slot.nbytes], tensor.detach().reshape(-1).view(torch_uint8()).numpy())
+        if slot.kind == "torch" and slot.nbytes and plain_bytes(tensor):
+            # The common case (a contiguous CPU tensor) as one memmove between addresses: no
+            # torch or numpy views to build, which on a small payload cost more than the copy
+            # (and ctypes lets go of the GIL while it copies). `data_ptr` includes the offset.
+            ctypes.memmove(address + slot.offset, tensor.data_ptr(), slot.nbytes)
         else:
             copy_tensor_into(block, slot, tensor)
     if layout.meta is None:

@@ -4,6 +4,9 @@ Mooncake's extension modules (``store.so``, ``engine.so``) link Debian's libibve
 for TCP, so on a bare machine ``import mooncake.store`` fails with an ``ImportError`` naming a
 shared library. Every import goes through here and turns that into `MooncakeUnavailableError`,
 whose message carries the install command; nothing imports Mooncake at plugin load.
+
+Every import also sets Mooncake's log level first (`default_log_level`): its native code logs
+with glog to stderr, INFO included, a dozen lines per client and one at every close.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import stat
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,16 @@ PIP_INSTALL = "pip install 'mooncake-transfer-engine-non-cuda==0.3.13.post1'"
 APT_INSTALL = "apt-get install -y libibverbs1 libnl-3-200 libnl-route-3-200"
 _SYSTEM_LIBRARIES = ("libibverbs", "libnl-3", "libnl-route-3", "librdmacm", "libnuma")
 
+# Mooncake's two log-level variables and their matching values (glog severities: 0 INFO,
+# 1 WARNING, 2 ERROR). glog reads GLOG_minloglevel when Mooncake's libglog loads; Mooncake's
+# transfer engine then overwrites that level with MC_LOG_LEVEL (INFO when unset) as it reads its
+# config, at the first client's setup: both must agree, or the level changes halfway.
+GLOG_LEVEL_VARIABLE = "GLOG_minloglevel"
+MC_LOG_LEVEL_VARIABLE = "MC_LOG_LEVEL"
+DEFAULT_LOG_LEVEL = "WARNING"
+_GLOG_LEVELS = {"TRACE": "0", "INFO": "0", "WARNING": "1", "ERROR": "2"}
+_MC_LEVELS = {"0": "INFO", "1": "WARNING", "2": "ERROR", "3": "ERROR"}
+
 # Mooncake's ErrorCode values met by these connectors (mooncake-store/include/types.h).
 NO_AVAILABLE_HANDLE = -200
 """The store has no room for the object (every mounted segment is full)."""
@@ -27,11 +41,15 @@ INVALID_PARAMS = -600
 OBJECT_NOT_FOUND = -704
 OBJECT_HAS_LEASE = -706
 """`remove` without force while a reader's lease holds (granted by every get)."""
+LEASE_EXPIRED = -707
+"""A get whose transfer outlasted the read lease the master granted it (a large object on a busy
+host: the first 64 MiB read into never-touched pages took over the 2 s lease there)."""
 _NAMES = {
     NO_AVAILABLE_HANDLE: "NO_AVAILABLE_HANDLE",
     INVALID_PARAMS: "INVALID_PARAMS",
     OBJECT_NOT_FOUND: "OBJECT_NOT_FOUND",
     OBJECT_HAS_LEASE: "OBJECT_HAS_LEASE",
+    LEASE_EXPIRED: "LEASE_EXPIRED",
     -800: "TRANSFER_FAIL",
     -900: "RPC_FAIL",
 }
@@ -60,8 +78,28 @@ def unavailable_message(exc: BaseException) -> str:
     return f"Mooncake failed to import ({text}); reinstall it with {PIP_INSTALL}, and its system libraries with {APT_INSTALL}"
 
 
+def default_log_level(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Make Mooncake log warnings and errors only, unless the user chose a level.
+
+    Called before Mooncake's libraries load (every import below goes through it). Neither
+    variable set: both set to WARNING. One set: the other set to match, so the user's choice holds
+    from the library's load on. Both set: left alone. Mooncake's INFO lines (segment mounts,
+    handshakes, a ``removeSegmentDesc ... finish`` at every close) are for debugging Mooncake
+    itself: ``MC_LOG_LEVEL=INFO`` brings them back.
+    """
+    glog, mooncake = environ.get(GLOG_LEVEL_VARIABLE), environ.get(MC_LOG_LEVEL_VARIABLE)
+    if glog is None and mooncake is None:
+        environ[GLOG_LEVEL_VARIABLE] = _GLOG_LEVELS[DEFAULT_LOG_LEVEL]
+        environ[MC_LOG_LEVEL_VARIABLE] = DEFAULT_LOG_LEVEL
+    elif glog is None and mooncake in _GLOG_LEVELS:
+        environ[GLOG_LEVEL_VARIABLE] = _GLOG_LEVELS[mooncake]
+    elif mooncake is None and glog in _MC_LEVELS:
+        environ[MC_LOG_LEVEL_VARIABLE] = _MC_LEVELS[glog]
+
+
 def import_store() -> tuple[Any, Any]:
     """``(MooncakeDistributedStore, ReplicateConfig)`` from `mooncake.store`."""
+    default_log_level()
     try:
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
     except (ImportError, OSError) as exc:
@@ -71,6 +109,7 @@ def import_store() -> tuple[Any, Any]:
 
 def import_transfer_engine() -> Any:
     """`TransferEngine` from `mooncake.engine`."""
+    default_log_level()
     try:
         from mooncake.engine import TransferEngine
     except (ImportError, OSError) as exc:

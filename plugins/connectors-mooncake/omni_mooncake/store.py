@@ -1,7 +1,10 @@
 """`MooncakeStoreConnector` ("mooncake-store"): payloads as objects of a Mooncake distributed store.
 
-Every instance is a store client: it mounts a segment of `segment_bytes` (the memory where objects
-live, served to other hosts by its transfer engine) and joins the master named by ``master``.
+Every instance is a store client: it joins the master named by ``master`` and, at its first put,
+mounts a segment of `segment_bytes` (the memory where objects live, served to other hosts by its
+transfer engine). An instance that only gets never mounts one: Mooncake starts a client's
+heartbeat and task threads with its first segment, and joining them (they sleep 1 s at a time)
+is most of what its close costs.
 `put` copies the payload's tensor bytes into a registered staging area and writes them with one
 zero-copy ``put_from`` under a fresh key, preferring its own segment (so the bytes stay with their
 producer until a consumer pulls them, and vanish with it); a payload that is one large contiguous
@@ -37,9 +40,16 @@ from omni_core.connectors.base import Connector
 from omni_core.errors import ConfigError, ConnectorError, ConnectorFullError
 from omni_core.outputs import Payload
 from omni_mooncake.buffers import Region, RegisteredArena
-from omni_mooncake.layout import PayloadLayout, lay_out, read_payload, write_payload
+from omni_mooncake.layout import (
+    PayloadLayout,
+    lay_out,
+    plain_bytes,
+    read_payload,
+    write_payload,
+)
 from omni_mooncake.master import MooncakeMaster
 from omni_mooncake.mooncake_bridge import (
+    LEASE_EXPIRED,
     NO_AVAILABLE_HANDLE,
     OBJECT_NOT_FOUND,
     error_name,
@@ -52,6 +62,7 @@ _CLIENT_BUFFER_BYTES = 16 * MIB
 """The client's own transfer buffer (for Mooncake's copying calls, unused here); 16 MiB is its minimum."""
 _MIN_SEGMENT_BYTES = 16 * MIB
 _RELEASE_RETRY_S = 5.0
+_LEASE_RETRIES = 2
 _ARENA_PAGE_BYTES = 64 << 10
 _DIRECT_PUT_BYTES = 1 * MIB
 """From this size a payload of one contiguous CPU tensor is put from its own memory, registered
@@ -82,7 +93,7 @@ def _direct_address(layout: PayloadLayout) -> int | None:
     tensor = layout.split.tensors[0]
     if isinstance(tensor, np.ndarray):
         return int(tensor.ctypes.data) if tensor.flags.c_contiguous else None
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+    if not plain_bytes(tensor):
         return None
     return int(tensor.data_ptr())
 
@@ -155,13 +166,16 @@ class MooncakeStoreConnector(Connector):
         self._direct: dict[int, int] = {}  # tensor addresses registered for direct puts -> puts using them
         self._prefix = f"omni/{uuid.uuid4().hex[:16]}/"
         self._counter = itertools.count()
+        self._segment_bytes = max(_MIN_SEGMENT_BYTES, segment_bytes or capacity_bytes + capacity_bytes // 8)
+        self._protocol = protocol
+        self._segment_mounted = False
         self._master: MooncakeMaster | None = None
         if master is None:
             self._master = MooncakeMaster()
             master = self._master.address
         try:
             self._master_address = master
-            self._store = self._join(store_cls(), master, resolve_host(host), segment_bytes, connect_timeout_s, protocol, rdma_devices)
+            self._store = self._join(store_cls(), master, resolve_host(host), connect_timeout_s, protocol, rdma_devices)
         except BaseException:
             if self._master is not None:
                 self._master.stop()
@@ -173,7 +187,7 @@ class MooncakeStoreConnector(Connector):
         self._config.with_hard_pin = True
         self._config.preferred_segment = self._store.get_hostname()
 
-    def _join(self, store: Any, master: str, host: str, segment_bytes: int | None, timeout: float, protocol: str, devices: str) -> Any:
+    def _join(self, store: Any, master: str, host: str, timeout: float, protocol: str, devices: str) -> Any:
         master_host, master_port = split_address(master, "master")
         # Mooncake's setup retries an unreachable master for about 90 s: check it answers first.
         deadline = time.monotonic() + timeout
@@ -186,14 +200,28 @@ class MooncakeStoreConnector(Connector):
                     "master unset so that the engine's instance starts one"
                 )
             delay = sleep_backoff(delay, deadline, 0.2)
-        segment = max(_MIN_SEGMENT_BYTES, segment_bytes or self._capacity_bytes + self._capacity_bytes // 8)
-        code = store.setup(host, "P2PHANDSHAKE", segment, _CLIENT_BUFFER_BYTES, protocol, devices, master)
+        # No segment yet (size 0): the first put mounts it (`_mount_segment`).
+        code = store.setup(host, "P2PHANDSHAKE", 0, _CLIENT_BUFFER_BYTES, protocol, devices, master)
         if code != 0:
             raise ConnectorError(
                 f"joining the Mooncake master at {master} as {host} failed: {error_name(code)}; check that host is "
-                "this machine's address as the other clients reach it and that segment_bytes fits in memory"
+                "this machine's address as the other clients reach it"
             )
         return store
+
+    def _mount_segment(self) -> None:
+        """Mount this client's segment, once (the first put; a consumer never needs one)."""
+        with self._lock:
+            if self._segment_mounted:
+                return
+            result = self._store.allocate_and_mount_segment(self._segment_bytes, self._protocol, "")
+            code = int(result.get("ret", -1)) if isinstance(result, dict) else -1
+            if code != 0:
+                raise ConnectorError(
+                    f"Mooncake failed to mount a segment of {self._segment_bytes} bytes ({error_name(code)}): check "
+                    "that segment_bytes fits in memory"
+                )
+            self._segment_mounted = True
 
     def shared_options(self) -> dict[str, Any]:
         """The options, naming the master this instance started (when it started one)."""
@@ -220,13 +248,15 @@ class MooncakeStoreConnector(Connector):
         self._reserve(layout.nbytes, deadline)
         key = f"{self._prefix}{next(self._counter)}"
         try:
+            if not self._segment_mounted:
+                self._mount_segment()
             address = _direct_address(layout)
             if address is not None:
                 self._put_direct(key, address, layout.nbytes, deadline)
             else:
                 region = self._arena.acquire(layout.nbytes)
                 try:
-                    write_payload(region.array, layout)
+                    write_payload(region.array, region.ptr, layout)
                     self._put_from(key, region.ptr, layout.nbytes, deadline)
                 finally:
                     self._arena.release(region)
@@ -332,7 +362,16 @@ class MooncakeStoreConnector(Connector):
         """
         deadline = time.monotonic() + self._get_timeout_s
         delay = 1e-3
-        while (code := self._store.get_into(handle.key, region.ptr, handle.nbytes)) == OBJECT_NOT_FOUND:
+        expired = 0
+        while True:
+            code = self._store.get_into(handle.key, region.ptr, handle.nbytes)
+            if code == LEASE_EXPIRED and expired < _LEASE_RETRIES:
+                # The read outlasted its lease; the object stays (hard-pinned, removed only by
+                # its release), and a second read, into pages now faulted in, is faster.
+                expired += 1
+                continue
+            if code != OBJECT_NOT_FOUND:
+                break
             self.check_open()
             if time.monotonic() >= deadline:
                 raise ConnectorError(
@@ -380,8 +419,11 @@ class MooncakeStoreConnector(Connector):
         """Remove the objects this instance put that nobody released, leave the store, and stop the
         master this instance started (if it did); idempotent.
 
-        Leaving takes Mooncake 1-2 s (its client's heartbeat thread winds down) with the GIL held,
-        so a thread of its own would not spare the caller's process that time.
+        Leaving takes Mooncake up to 1-2 s with the GIL held (its binding does not release it, so a
+        thread of its own would not spare the caller's process that time): it joins threads that
+        sleep a fixed 1 s between rounds, the P2P handshake listener (0-1 s) and, once a segment
+        is mounted, the client's heartbeat and task threads (0-2 s more); hence the segment is
+        mounted by the first put only, and a consumer's instance closes in under 1 s.
         """
         with self._freed:
             if self.closed:

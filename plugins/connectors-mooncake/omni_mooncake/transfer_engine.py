@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import sys
 import threading
 import time
 from typing import Any
@@ -37,7 +38,7 @@ from omni_core.connectors.base import Connector
 from omni_core.connectors.serialize import TENSOR_ALIGNMENT
 from omni_core.errors import ConfigError, ConnectorError, ConnectorFullError
 from omni_core.outputs import Payload
-from omni_mooncake.buffers import Region, RegisteredArena, aligned_zeros, first_fit
+from omni_mooncake.buffers import PageTable, Region, RegisteredArena, aligned_zeros
 from omni_mooncake.layout import lay_out, read_payload, write_payload
 from omni_mooncake.mooncake_bridge import error_name, import_transfer_engine
 from omni_mooncake.net import resolve_host
@@ -48,8 +49,6 @@ MIB = 1 << 20
 HEADER_BYTES = 64
 _TAG = 0  # uint64 word indexes in a run's header
 _RELEASED = 1
-_FREE = 0
-_USED = 1
 
 
 @attrs.frozen
@@ -86,26 +85,28 @@ class _ProducerPool:
 
     def __init__(self, memory: np.ndarray, page_size: int, ttl_s: float) -> None:
         self.memory = memory
-        self.words = memory.view(np.uint64)
+        # Header words through a memoryview: a read or write is a tenth of a numpy scalar's cost,
+        # and every put and reclaim touches them.
+        self.words = memoryview(memory).cast("Q")
         self.address = memory.ctypes.data
         self.page_size = page_size
         self.n_pages = memory.nbytes // page_size
         self.ttl_s = ttl_s
-        self.states = np.zeros(self.n_pages, dtype=np.uint8)
+        self.table = PageTable(self.n_pages)
         self.runs: dict[int, _Run] = {}  # first page -> run
         self._tags = itertools.count(1)
 
     def try_claim(self, pages: int, now: float) -> tuple[int, int] | None:
         """Claim a run of `pages` (after reclaiming released and expired runs): ``(page, tag)``."""
-        self.reclaim(now)
-        page = first_fit(self.states, pages)
+        if self.runs:
+            self.reclaim(now)
+        page = self.table.claim(pages)
         if page is None:
             return None
         tag = next(self._tags)
         word = page * self.page_size // 8
         self.words[word + _RELEASED] = 0
         self.words[word + _TAG] = tag
-        self.states[page : page + pages] = _USED
         self.runs[page] = _Run(pages, tag, now)
         return page, tag
 
@@ -113,13 +114,13 @@ class _ProducerPool:
         expired = 0
         for page, run in list(self.runs.items()):
             word = page * self.page_size // 8
-            if int(self.words[word + _RELEASED]) != run.tag:
+            if self.words[word + _RELEASED] != run.tag:
                 if now - run.since < self.ttl_s:
                     continue
                 expired += 1
             # The tag goes first: a get racing with this reads a header that no longer matches.
             self.words[word + _TAG] = 0
-            self.states[page : page + run.pages] = _FREE
+            self.table.free(page, run.pages)
             del self.runs[page]
         if expired:
             log.warning("mooncake-te: reclaimed %d payload(s) nobody released within ttl_s=%s s (their consumers died?)", expired, self.ttl_s)
@@ -127,7 +128,7 @@ class _ProducerPool:
     def release_local(self, address: int, tag: int) -> None:
         """What a consumer's remote write does, for a handle of this very instance."""
         word = (address - self.address) // 8
-        if 0 <= word < self.words.size:
+        if 0 <= word < len(self.words) - _RELEASED:
             self.words[word + _RELEASED] = tag
 
     def block(self, page: int, pages: int) -> np.ndarray:
@@ -226,7 +227,7 @@ class MooncakeTransferEngineConnector(Connector):
         page, tag = self._claim(pool, pages, self._put_timeout_s if timeout is None else timeout)
         address = pool.address + page * pool.page_size
         try:
-            write_payload(pool.block(page, pages)[HEADER_BYTES:], layout)
+            write_payload(pool.block(page, pages)[HEADER_BYTES:], address + HEADER_BYTES, layout)
         except BaseException:
             with self._lock:
                 pool.release_local(address, tag)
@@ -245,9 +246,14 @@ class MooncakeTransferEngineConnector(Connector):
             return self._pool
 
     def _claim(self, pool: _ProducerPool, pages: int, timeout: float) -> tuple[int, int]:
-        deadline = time.monotonic() + timeout
-        delay = 0.1e-3
         with self._freed:
+            self.check_open()
+            now = time.monotonic()
+            claimed = pool.try_claim(pages, now)
+            if claimed is not None:  # the common case: one lock, one search
+                return claimed
+            deadline = now + timeout
+            delay = 0.1e-3
             while True:
                 self.check_open()
                 now = time.monotonic()
@@ -289,7 +295,7 @@ class MooncakeTransferEngineConnector(Connector):
                 f"reading a payload from the transfer engine at {handle.session} failed ({error_name(code)}): its "
                 "producer's connector closed or its process exited"
             )
-        tag = int(region.array[:8].view(np.uint64)[0])
+        tag = int.from_bytes(region.array[:8], sys.byteorder)  # the header's first word (native, as the producer wrote it)
         if tag != handle.tag:
             raise ConnectorError(
                 f"the payload at {handle.session} (tag {handle.tag}) was released already, or reclaimed after ttl_s "
@@ -318,7 +324,7 @@ class MooncakeTransferEngineConnector(Connector):
         source = region if region is not None else self._arena.acquire(8)
         try:
             if region is None:
-                source.array[:8].view(np.uint64)[0] = handle.tag
+                source.array[:8] = np.frombuffer(handle.tag.to_bytes(8, sys.byteorder), dtype=np.uint8)
             code = self._engine.transfer_sync_write(handle.session, source.ptr, handle.address + 8 * _RELEASED, 8)
         finally:
             if region is None:
@@ -344,5 +350,7 @@ class MooncakeTransferEngineConnector(Connector):
         if pool is not None:
             self._engine.unregister_memory(pool.address)
         self._arena.close()
-        # The engine has no close: dropping the last reference stops its listener.
+        # The engine has no close: dropping the last reference (the arena let go of its bound
+        # methods) stops it here, 0-1 s with the GIL held while its handshake listener's 1 s
+        # `accept` times out, rather than at some later garbage collection.
         self._engine = None

@@ -12,6 +12,7 @@ from omni_mooncake.mooncake_bridge import (
     APT_INSTALL,
     PIP_INSTALL,
     MooncakeUnavailableError,
+    default_log_level,
     unavailable_message,
 )
 from omni_mooncake.testing import start_master
@@ -80,3 +81,18 @@ def test_a_failing_mooncake_import_becomes_the_install_error() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("MooncakeUnavailableError ") and PIP_INSTALL in out, out
+
+
+@pytest.mark.parametrize(
+    ("chosen", "expected"),
+    [
+        ({}, {"GLOG_minloglevel": "1", "MC_LOG_LEVEL": "WARNING"}),  # warnings and errors only
+        ({"MC_LOG_LEVEL": "INFO"}, {"GLOG_minloglevel": "0", "MC_LOG_LEVEL": "INFO"}),
+        ({"GLOG_minloglevel": "2"}, {"GLOG_minloglevel": "2", "MC_LOG_LEVEL": "ERROR"}),
+        ({"GLOG_minloglevel": "0", "MC_LOG_LEVEL": "ERROR"}, {"GLOG_minloglevel": "0", "MC_LOG_LEVEL": "ERROR"}),
+    ],
+)
+def test_mooncake_log_level_defaults_to_warning_unless_the_user_chose(chosen: dict[str, str], expected: dict[str, str]) -> None:
+    environ = {"PATH": "/bin", **chosen}
+    default_log_level(environ)
+    assert environ == {"PATH": "/bin", **expected}

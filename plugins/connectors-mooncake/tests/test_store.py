@@ -152,3 +152,20 @@ def test_a_large_tensor_put_from_its_own_memory_is_a_copy(store: MooncakeStoreCo
     for handle in (first, second):
         assert torch.equal(store.get(handle)["x"], torch.arange(MIB // 2, dtype=torch.float32))
         store.release(handle)
+
+
+def test_a_conjugated_tensor_arrives_as_its_values(store: MooncakeStoreConnector, master: str) -> None:
+    # Its memory holds the unconjugated values: copying its bytes (the direct path from 1 MiB
+    # on, the memmove of small ones) would send those.
+    values = torch.arange(MIB // 8, dtype=torch.float32) * (1 + 2j)  # complex64
+    consumer = MooncakeStoreConnector(**BASE, master=master)
+    try:
+        for payload in ({"big": values.conj()}, {"small": values[:4].conj(), "negated": values[:4].conj().imag}):
+            handle = store.put(payload)
+            got = consumer.get(handle)
+            for key, tensor in payload.items():
+                assert torch.equal(got[key], tensor.resolve_conj().resolve_neg()), key
+            consumer.release(handle)
+        assert not consumer._segment_mounted, "an instance that only gets mounts no segment (it closes faster)"
+    finally:
+        consumer.close()

@@ -93,3 +93,17 @@ def test_bad_options_name_the_key() -> None:
         MooncakeTransferEngineConnector(page_bytes=100)
     with pytest.raises(Exception, match="ttl_s"):
         MooncakeTransferEngineConnector(ttl_s=0)
+
+
+def test_a_conjugated_tensor_arrives_as_its_values(producer: MooncakeTransferEngineConnector) -> None:
+    values = torch.arange(64, dtype=torch.float32) * (1 + 2j)  # complex64
+    payload = {"conj": values.conj(), "negated": values.conj().imag}
+    consumer = MooncakeTransferEngineConnector()
+    try:
+        handle = producer.put(payload, timeout=1)
+        got = consumer.get(handle)
+        for key, tensor in payload.items():
+            assert torch.equal(got[key], tensor.resolve_conj().resolve_neg()), key
+        consumer.release(handle)
+    finally:
+        consumer.close()
