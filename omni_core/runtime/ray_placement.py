@@ -2,9 +2,9 @@
 Ray cluster (``pip install 'omni-core[ray]'``).
 
 Ray is imported only when a stage placed on it starts (`RaySession.connect`), never by resolve.
-Engine -> worker messages are numbered actor calls (Ray may run the calls of a threaded actor out
-of order: the actor puts them back in order); worker -> engine messages come back through one
-long-polling call at a time. The actor's death (killed, its node lost) fails that call, which is
+Engine -> worker messages go in numbered batches, one actor call per event-loop turn (Ray may run
+the calls of a threaded actor out of order: the actor puts them back in order); worker -> engine
+messages come back, batched too, through one long-polling call at a time. The actor's death (killed, its node lost) fails that call, which is
 how the engine hears of it: at once, with no heartbeat to wait for. The worker's log records
 travel the same way and are logged here under the stage's name; what its libraries print (vLLM's
 own handler) reaches the driver through Ray's log forwarding, prefixed with the actor's name.
@@ -137,12 +137,13 @@ class StageActor:
                     log.exception("closing a connector")
             self._post(_Exited())
 
-    def send(self, seq: int, message: Any) -> None:
-        """Deliver `message`, the engine's `seq`-th, in the engine's order."""
+    def send(self, seq: int, messages: list[Any]) -> None:
+        """Deliver `messages`, the engine's `seq`-th batch, in the engine's order."""
         with self._order:
-            self._early[seq] = message
+            self._early[seq] = messages
             while self._next in self._early:
-                self._inbox.put(self._early.pop(self._next))
+                for message in self._early.pop(self._next):
+                    self._inbox.put(message)
                 self._next += 1
 
     def poll(self, timeout: float) -> list[Any]:
@@ -206,6 +207,9 @@ class RaySession:
                 else:
                     # A local Ray for this engine: enough CPUs that every stage actor fits.
                     cpus = max(os.cpu_count() or 1, int(self.cpus + 0.999))
+                    # Its workers at the daemons' priority, not Ray's default niceness 15 (which
+                    # would also cap away the stages' own relative `nice`).
+                    os.environ.setdefault("RAY_worker_niceness", "0")
                     logger.info("starting a local Ray (%d CPUs) for the ray placement", cpus)
                     # On loopback: nothing of it is reachable from elsewhere, and Ray does not
                     # look for the machine's outward address (it would, through a public IP).
@@ -239,7 +243,7 @@ class RayReplica(Replica):
         self.options = RayStageDeploy(**context.stage.placement_options)
         self._label = f"{self.stage.name}:{self.index}"
         self._seq = itertools.count()
-        self._backlog: list[Any] = []
+        self._backlog: list[Any] = []  # sent before the actor exists, or since the last flush
         self._actor: Any = None
         self._task: asyncio.Task[None] | None = None
         self._ended = False
@@ -294,9 +298,7 @@ class RayReplica(Replica):
                 max_concurrency=4,  # send and poll run side by side
                 **placement,
             ).remote(self.context.pipeline.to_dict(), self.stage.name, self.index, logging.getLogger().level or logging.WARNING)
-            for message in self._backlog:
-                self._send_now(message)
-            self._backlog.clear()
+            self._flush()
             placed = False
             while not self._ended:
                 poll = asyncio.wrap_future(self._actor.poll.remote(POLL_SECONDS).future())
@@ -346,16 +348,19 @@ class RayReplica(Replica):
         else:
             self.context.on_message(item)
 
-    def _send_now(self, message: Any) -> None:
-        self._actor.send.remote(next(self._seq), message)
+    def _flush(self) -> None:
+        """One actor call for every message sent since the last: a Ray call costs far more than a
+        message, and a stage sends many at once (a step's chunks to every request)."""
+        if self._backlog and self._actor is not None and not self._ended:
+            self._actor.send.remote(next(self._seq), self._backlog)
+            self._backlog = []
 
     def send(self, message: Any) -> None:
         if self._ended:
             return
-        if self._actor is None:
-            self._backlog.append(message)
-        else:
-            self._send_now(message)
+        if not self._backlog and self._actor is not None:
+            self.context.loop.call_soon(self._flush)  # after what else this loop turn sends
+        self._backlog.append(message)
 
     def alive(self) -> bool:
         return self._task is not None and not self._ended

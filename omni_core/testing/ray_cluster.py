@@ -17,6 +17,10 @@ import attrs
 
 # Everything on loopback, nothing reported anywhere (see FACTS: Mooncake and Ray on loopback).
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray starts its workers at niceness 15, below its own daemons and the engine; stage actors then
+# lose the CPU to them, and their relative `nice` (upstream stages yield to downstream ones) is
+# capped away. A node that runs Omni stages starts its workers at 0 (`ray start` reads the same).
+WORKER_NICENESS = {"RAY_worker_niceness": "0"}
 
 
 @attrs.frozen
@@ -37,9 +41,9 @@ def simulated_cluster(nodes: tuple[str, ...] = ("a", "b"), cpus_per_node: int = 
     The test process is not connected to it: an engine joins it through ``ray: {address: ...}``
     (and leaves it at shutdown).
     """
-    saved = {key: os.environ.get(key) for key in (*RAY_ENV, "RAY_TMPDIR")}
+    saved = {key: os.environ.get(key) for key in (*RAY_ENV, *WORKER_NICENESS, "RAY_TMPDIR")}
     tmp = tempfile.TemporaryDirectory(prefix="omni-ray-")
-    os.environ.update(RAY_ENV, RAY_TMPDIR=tmp.name)
+    os.environ.update(RAY_ENV, **WORKER_NICENESS, RAY_TMPDIR=tmp.name)
     cluster = None
     try:
         # Read once, at Ray's import: with it on, Ray swaps 127.0.0.1 in an address for the
