@@ -80,6 +80,9 @@ class MiniMaxH3DiT(DiffusionModel):
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingDependencyError(f"MiniMax-H3 needs diffusers: pip install '{DIFFUSERS_REQUIREMENT}' ({exc})") from None
 
+        from omni_minimax_h3.native import diffusers_layout
+
+        self.path = Path(diffusers_layout(self.path))  # a native partition is read through its diffusers layout
         self.dtype = getattr(torch, spec.dtype)
         self.device = torch.device(spec.device)
         names = [name for name in ("vae", "audio_vae", "scheduler", "audio_scheduler", *TRANSFORMERS) if (self.path / name).is_dir()]

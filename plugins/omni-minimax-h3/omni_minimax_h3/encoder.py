@@ -46,7 +46,9 @@ class MiniMaxH3Encoder(GenerationModel):
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingDependencyError(f"MiniMax-H3 needs diffusers and transformers: pip install omni-minimax-h3 ({exc})") from None
 
-        root = Path(self.context.model_path)
+        from omni_minimax_h3.native import diffusers_layout
+
+        root = Path(diffusers_layout(self.context.model_path))  # a native partition: its diffusers layout
         self.device = torch.device(device)
         self.layer = int(ModularPipeline.from_pretrained(str(root)).text_encoder_layer)
         config = AutoConfig.from_pretrained(str(root / "text_encoder"))
@@ -59,8 +61,10 @@ class MiniMaxH3Encoder(GenerationModel):
         # stack comes out normalized, the one before it does not. The rest (13 of the release's 64,
         # a fifth of its weights and compute) is never loaded.
         config.text_config.num_hidden_layers = self.layer + 1
+        # On an accelerator the weights go straight there (device_map): no host copy of the ~50 GB encoder.
+        placement = {"device_map": str(self.device)} if self.device.type != "cpu" else {}
         model = _without_layers(Qwen3VLForConditionalGeneration, range(self.layer + 1, layers)).from_pretrained(
-            str(root / "text_encoder"), config=config, dtype=getattr(torch, dtype)
+            str(root / "text_encoder"), config=config, dtype=getattr(torch, dtype), **placement
         )
         self.model = model.to(self.device).eval()
         self.image_token_id = int(model.config.image_token_id)

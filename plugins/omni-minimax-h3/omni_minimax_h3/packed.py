@@ -122,7 +122,6 @@ def forward_packed(
     from diffusers.models.modeling_utils import get_parameter_dtype
     from diffusers.models.transformers.transformer_minimax_h3 import MINIMAX_H3_MODALITY_NUM
 
-    device = inputs[0].position_ids.device
     lengths = [item.length for item in inputs]
     offsets = [span[0] for span in Segments.of_lengths(lengths).spans]
     rows = Segments.of_lengths(lengths)

@@ -62,9 +62,12 @@ class MiniMaxH3InputProcessor(InputProcessor):
         from omni_minimax_h3.presentation import Presenter
         from omni_minimax_h3.requests import Geometry
 
+        from omni_minimax_h3.native import diffusers_layout
+
         with LOAD_LOCK:  # diffusers' lazy imports are not thread-safe (`omni_minimax_h3.loading`)
-            self.geometry = Geometry.from_checkpoint(self.context.model_path)
-            self.presenter = Presenter(self.context.model_path)
+            root = diffusers_layout(self.context.model_path)  # a native partition: its diffusers layout
+            self.geometry = Geometry.from_checkpoint(root)
+            self.presenter = Presenter(root)
 
     def process(self, request: Any) -> dict[str, StageInput]:
         from omni_minimax_h3.requests import parse_request

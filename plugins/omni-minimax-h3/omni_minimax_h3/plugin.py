@@ -10,7 +10,8 @@ from omni_core.families import PipelineFamily
 FAMILY = PipelineFamily(
     name="minimax-h3",
     pipeline="omni_minimax_h3.pipeline:build_pipeline",
-    diffusers_classes=("MiniMaxH3ModularPipeline",),
+    # diffusers' modular layout, and a native partition (FL2VA/, Ref2VA/: model_index.json `MiniMaxH3Pipeline`)
+    diffusers_classes=("MiniMaxH3ModularPipeline", "MiniMaxH3Pipeline"),
     make_tiny="omni_minimax_h3.tiny:make_tiny",
     description="MiniMax-H3 (diffusers MiniMaxH3ModularPipeline): text or keyframes -> 24 fps video with stereo sound (encoder + dit)",
 )
