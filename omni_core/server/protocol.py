@@ -63,7 +63,10 @@ class StreamOptions(msgspec.Struct):
 
 class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/chat/completions``. `stage_params` (extension) carries parameters per named stage;
-    `mm_processor_kwargs` (as in vLLM) options of the model family's multimodal input processing."""
+    `sampling_params_list` (as in vLLM-Omni) one dict of vLLM sampling parameters per stage, in
+    stage order (`omni_core.server.sampling_params_list`; `stage_params` wins per key);
+    `mm_processor_kwargs` (as in vLLM) options of the model family's multimodal input processing.
+    Media parts take base64 ``data:`` URLs only (`omni_core.server.media_urls`)."""
 
     model: str
     messages: list[ChatMessage]
@@ -84,6 +87,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     user: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
+    sampling_params_list: list[Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest, new_request_id
 from omni_core.server.errors import APIError
-from omni_core.server.protocol import ChatCompletionRequest, ImageGenerationRequest, SpeechRequest, VideoRequest
+from omni_core.server.media_urls import chat_messages
+from omni_core.server.protocol import (
+    ChatCompletionRequest,
+    ImageGenerationRequest,
+    SpeechRequest,
+    VideoRequest,
+)
+from omni_core.server.sampling_params_list import stage_params_from_list
 
 # OpenAI sampling fields that go to the pipeline's first AR stage under the same names.
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty")
@@ -30,14 +35,23 @@ def check_produces(pipeline: ResolvedPipeline, modality: str, route: str) -> Non
         raise APIError(400, f"{route} needs a model that produces {modality}; this model produces {produced}", code="unsupported_modality")
 
 
-def stage_params(pipeline: ResolvedPipeline, sampling: dict[str, Any], extension: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """Top-level sampling fields -> the first AR stage; `stage_params` (extension) per named stage, on top."""
+def stage_params(
+    pipeline: ResolvedPipeline,
+    sampling: dict[str, Any],
+    extension: dict[str, dict[str, Any]] | None,
+    listed: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Per-stage parameters, the more specific source winning per key: top-level sampling fields
+    (-> the first AR stage), then `listed` (vLLM-Omni's ``sampling_params_list``, already mapped to
+    stage names), then `stage_params` (extension) per named stage."""
     params: dict[str, dict[str, Any]] = {}
     target = first_ar_stage(pipeline)
     if sampling:
         if target is None:
             raise APIError(400, f"this model has no language-model stage for {', '.join(sampling)}; use stage_params", param=next(iter(sampling)))
         params[target] = dict(sampling)
+    for name, values in (listed or {}).items():
+        params[name] = {**params.get(name, {}), **values}
     names = [s.name for s in pipeline.stages]
     for name, values in (extension or {}).items():
         if name not in names:
@@ -51,7 +65,12 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline) -> Omn
         raise APIError(400, "only n=1 is supported", param="n")
     if not body.messages:
         raise APIError(400, "messages must not be empty", param="messages")
-    modalities = tuple(body.modalities or ("text",))
+    listed = stage_params_from_list(pipeline, body.sampling_params_list) if body.sampling_params_list is not None else None
+    # A vLLM-Omni client that sends parameters for every stage expects every stage to run (its
+    # Qwen3-Omni example names no modalities and reads text and audio): without `modalities` it
+    # gets all the pipeline produces. Plain OpenAI requests keep OpenAI's default, text.
+    default = pipeline.modalities if listed is not None else ("text",)
+    modalities = tuple(body.modalities or default)
     for modality in modalities:
         if modality not in pipeline.modalities:
             raise APIError(400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}", param="modalities", code="unsupported_modality")
@@ -67,9 +86,9 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline) -> Omn
     if body.mm_processor_kwargs:
         extra["mm_processor_kwargs"] = dict(body.mm_processor_kwargs)
     return OmniRequest(
-        messages=msgspec.to_builtins(body.messages),
+        messages=chat_messages(body.messages),
         modalities=modalities,
-        params=stage_params(pipeline, sampling, body.stage_params),
+        params=stage_params(pipeline, sampling, body.stage_params, listed),
         extra=extra,
         request_id=f"chatcmpl-{new_request_id()[4:]}",
     )
