@@ -305,3 +305,22 @@ def test_a_worker_killed_by_a_signal_is_named_with_what_to_do() -> None:
     assert exit_reason(-9).startswith("killed by SIGKILL: ") and "out-of-memory" in exit_reason(-9)
     assert exit_reason(-4).startswith("killed by SIGILL: ") and "dtype float32" in exit_reason(-4)
     assert exit_reason(-15) == "killed by SIGTERM"
+
+
+def test_the_request_helpers_plugins_share() -> None:
+    from omni_core.engine.inputs import last_user_text
+    from omni_core.engine.params import int_param, number_param
+    from omni_core.errors import InvalidRequestError
+
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "reply"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "b"}]},
+    ]
+    assert last_user_text(messages) == "a b"
+    assert last_user_text([{"role": "assistant", "content": "x"}]) is None
+    assert int_param(3, "n") == 3 and number_param(2, "scale") == 2.0
+    for bad, check in ((True, int_param), (2.5, int_param), ("1", number_param), (False, number_param)):
+        with pytest.raises(InvalidRequestError) as info:
+            check(bad, "steps")
+        assert info.value.param == "steps"

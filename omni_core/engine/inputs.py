@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
@@ -28,3 +30,18 @@ class TextPromptProcessor(InputProcessor):
         else:
             raise InvalidRequestError("a request needs a prompt or messages", param="prompt")
         return {name: StageInput(data=dict(data), final=True) for name in self.entry_stages}
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str | None:
+    """The text of the last user message in OpenAI chat `messages` (its text parts joined with
+    spaces), or None: what an image or video family takes as its prompt."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            return " ".join(texts) or None
+    return None

@@ -31,3 +31,17 @@ def check_stage_names(params: Mapping[str, Any], stages: list[str]) -> None:
             raise InvalidRequestError(f"unknown stage {name!r} in per-stage parameters; this pipeline's stages are {', '.join(stages)}", param=f"stage_params.{name}")
         if not isinstance(value, Mapping):
             raise InvalidRequestError(f"parameters of stage {name!r} must be an object, got {type(value).__name__}", param=f"stage_params.{name}")
+
+
+def int_param(value: Any, name: str) -> int:
+    """`value` as a request's integer parameter `name` (a bool is not one): else a 400 naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}", param=name)
+    return value
+
+
+def number_param(value: Any, name: str) -> float:
+    """`value` as a request's number parameter `name` (int or float, not bool): else a 400 naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}", param=name)
+    return float(value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni_core.config.pipeline import PipelineConfig, StageSpec
+from omni_core.engine.inputs import last_user_text
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.parts import InputProcessor
@@ -61,7 +62,7 @@ class Cosmos3InputProcessor(InputProcessor):
     def process(self, request: Any) -> dict[str, StageInput]:
         prompt = request.prompt
         if prompt is None and request.messages:
-            prompt = _last_user_text(request.messages)
+            prompt = last_user_text(request.messages)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("Cosmos3 needs a text prompt", param="prompt")
         modalities = tuple(request.modalities or self.context.pipeline.default_modalities)
@@ -73,15 +74,3 @@ class Cosmos3InputProcessor(InputProcessor):
             data["size"] = tuple(data["size"])
         return {STAGE: StageInput(data=data, final=True)}
 
-
-def _last_user_text(messages: list[dict[str, Any]]) -> str | None:
-    for message in reversed(messages):
-        if message.get("role") != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
-            return " ".join(texts) or None
-    return None

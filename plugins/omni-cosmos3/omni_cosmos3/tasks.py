@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from omni_core.engine.params import int_param, number_param
 from omni_core.errors import InvalidRequestError
 
 TASKS = ("t2i", "t2v", "t2va", "policy", "inverse_dynamics")
@@ -90,13 +91,13 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
     prompt = merged.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequestError("Cosmos3 needs a non-empty text prompt", param="prompt")
-    steps = _int(merged.get("num_inference_steps", DEFAULT_STEPS), "num_inference_steps")
+    steps = int_param(merged.get("num_inference_steps", DEFAULT_STEPS), "num_inference_steps")
     if steps < 1:
         raise InvalidRequestError(f"num_inference_steps must be at least 1, got {steps}", param="num_inference_steps")
-    guidance = _number(merged.get("guidance_scale", DEFAULT_GUIDANCE), "guidance_scale")
+    guidance = number_param(merged.get("guidance_scale", DEFAULT_GUIDANCE), "guidance_scale")
     if guidance < 1.0:
         raise InvalidRequestError(f"guidance_scale must be >= 1.0 (1.0 turns guidance off), got {guidance}", param="guidance_scale")
-    fps = _number(merged.get("fps", DEFAULT_FPS), "fps")
+    fps = number_param(merged.get("fps", DEFAULT_FPS), "fps")
     if fps <= 0:
         raise InvalidRequestError(f"fps must be positive, got {fps}", param="fps")
     width, height = _size(task, merged, pixels_per_token)
@@ -112,10 +113,10 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
         num_frames = _frames(task, merged, fps, temporal_factor)
     seed = merged.get("seed")
     if seed is not None:
-        seed = _int(seed, "seed")
+        seed = int_param(seed, "seed")
         if not 0 <= seed < 2**63 - MAX_N:
             raise InvalidRequestError(f"seed must be a non-negative 63-bit integer, got {seed}", param="seed")
-    n = _int(merged.get("n", 1), "n")
+    n = int_param(merged.get("n", 1), "n")
     if not 1 <= n <= MAX_N:
         raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
     negative = merged.get("negative_prompt")
@@ -144,7 +145,7 @@ def _size(task: str, merged: dict[str, Any], pixels_per_token: int) -> tuple[int
     size = merged.get("size") or (default_tokens[0] * pixels_per_token, default_tokens[1] * pixels_per_token)
     if not (isinstance(size, (list, tuple)) and len(size) == 2):
         raise InvalidRequestError(f"size must be (width, height), got {size!r}", param="size")
-    width, height = (_int(v, "size") for v in size)
+    width, height = (int_param(v, "size") for v in size)
     if width < 1 or height < 1 or width % pixels_per_token or height % pixels_per_token:
         raise InvalidRequestError(
             f"size {width}x{height} is not a multiple of this model's patch of {pixels_per_token} pixels "
@@ -161,14 +162,14 @@ def _action(task: str, merged: dict[str, Any], temporal_factor: int) -> ActionSp
             f"task {task!r} needs the embodiment `domain` (e.g. 'bridge_orig_lerobot'): it selects the action head and width",
             param="domain",
         )
-    chunk = _int(merged.get("chunk_size"), "chunk_size") if merged.get("chunk_size") is not None else None
+    chunk = int_param(merged.get("chunk_size"), "chunk_size") if merged.get("chunk_size") is not None else None
     if chunk is None or not 1 <= chunk <= MAX_CHUNK or chunk % temporal_factor:
         raise InvalidRequestError(
             f"chunk_size (action steps; the video has chunk_size + 1 frames) must be a multiple of {temporal_factor} "
             f"(the VAE's temporal compression) between {temporal_factor} and {MAX_CHUNK}, got {merged.get('chunk_size')!r}",
             param="chunk_size",
         )
-    tier = _int(merged.get("resolution_tier", DEFAULT_TIER), "resolution_tier")
+    tier = int_param(merged.get("resolution_tier", DEFAULT_TIER), "resolution_tier")
     if tier not in RESOLUTION_TIERS:
         raise InvalidRequestError(f"resolution_tier must be one of {list(RESOLUTION_TIERS)}, got {tier}", param="resolution_tier")
     view_point = merged.get("view_point", "ego_view")
@@ -237,14 +238,14 @@ def _frames(task: str, merged: dict[str, Any], fps: float, temporal_factor: int)
     if task == "t2i":
         return 1
     if merged.get("num_frames") is not None:
-        frames = _int(merged["num_frames"], "num_frames")
+        frames = int_param(merged["num_frames"], "num_frames")
         if frames < 1 + temporal_factor or (frames - 1) % temporal_factor:
             raise InvalidRequestError(
                 f"num_frames must be 1 + {temporal_factor} * k with k >= 1 (the VAE's temporal compression), got {frames}",
                 param="num_frames",
             )
         return frames
-    seconds = _number(merged.get("seconds", DEFAULT_SECONDS), "seconds")
+    seconds = number_param(merged.get("seconds", DEFAULT_SECONDS), "seconds")
     if seconds <= 0 or seconds > 60:
         raise InvalidRequestError(f"seconds must be in (0, 60], got {seconds}", param="seconds")
     steps = max(1, round(seconds * fps / temporal_factor))
@@ -255,13 +256,3 @@ def _round(value: int, multiple: int) -> int:
     return max(multiple, round(value / multiple) * multiple)
 
 
-def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer, got {value!r}", param=name)
-    return value
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(f"{name} must be a number, got {value!r}", param=name)
-    return float(value)

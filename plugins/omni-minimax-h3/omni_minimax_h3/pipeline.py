@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec
+from omni_core.engine.inputs import last_user_text
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.parts import InputProcessor, PartContext
@@ -59,10 +60,9 @@ class MiniMaxH3InputProcessor(InputProcessor):
 
     def load(self) -> None:
         from omni_minimax_h3.loading import LOAD_LOCK
+        from omni_minimax_h3.native import diffusers_layout
         from omni_minimax_h3.presentation import Presenter
         from omni_minimax_h3.requests import Geometry
-
-        from omni_minimax_h3.native import diffusers_layout
 
         with LOAD_LOCK:  # diffusers' lazy imports are not thread-safe (`omni_minimax_h3.loading`)
             root = diffusers_layout(self.context.model_path)  # a native partition: its diffusers layout
@@ -76,7 +76,7 @@ class MiniMaxH3InputProcessor(InputProcessor):
             self.load()
         prompt = request.prompt
         if prompt is None and request.messages:
-            prompt = _last_user_text(request.messages)
+            prompt = last_user_text(request.messages)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("MiniMax-H3 needs a text prompt", param="prompt")
         unknown = sorted(set(request.extra) - {*REQUEST_FIELDS, "image", "last_image", "references"})
@@ -115,7 +115,10 @@ class MiniMaxH3InputProcessor(InputProcessor):
         ``[channels, N]``, or a base64 ``data:audio/...`` URL of a WAV/FLAC file)."""
         if value is None:
             return []
-        from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3AudioReference, MiniMaxH3ImageReference
+        from diffusers.modular_pipelines.minimax_h3 import (
+            MiniMaxH3AudioReference,
+            MiniMaxH3ImageReference,
+        )
 
         if not isinstance(value, (list, tuple)) or not value:
             raise InvalidRequestError("references must be a non-empty list of {type: image|audio, ...} objects", param="references")
@@ -224,15 +227,3 @@ def decode_image(value: Any, param: str) -> Any:
         raise InvalidRequestError(f"{param} must be an HxWx3 uint8 array, a PIL image or a data URL", param=param)
     return Image.fromarray(array)
 
-
-def _last_user_text(messages: list[dict[str, Any]]) -> str | None:
-    for message in reversed(messages):
-        if message.get("role") != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
-            return " ".join(texts) or None
-    return None

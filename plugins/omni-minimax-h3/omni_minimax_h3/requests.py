@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from omni_core.engine.params import int_param, number_param
 from omni_core.errors import InvalidRequestError
 
 DEFAULT_STEPS = 50
@@ -88,7 +89,9 @@ class Geometry:
 
     def default_canvas(self, aspect_width: float = 16, aspect_height: float = 9) -> tuple[int, int]:
         """(width, height) of the pipeline's own canvas for an aspect ratio (diffusers' `resolve_canvas_size`)."""
-        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
+        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+            resolve_canvas_size,
+        )
 
         height, width = resolve_canvas_size(
             aspect_width, aspect_height, self.canvas_multiple, self.canvas_short_edge, self.canvas_max_pixels
@@ -120,7 +123,7 @@ def parse_request(params: dict[str, Any], geometry: Geometry, default_size: tupl
     else:
         width, height = check_size(size, geometry)
     num_frames = check_duration(params.get("num_frames"), params.get("seconds"), geometry)
-    steps = _int(params.get("num_inference_steps", DEFAULT_STEPS), "num_inference_steps")
+    steps = int_param(params.get("num_inference_steps", DEFAULT_STEPS), "num_inference_steps")
     if not 2 <= steps <= MAX_STEPS:
         raise InvalidRequestError(
             f"num_inference_steps counts MiniMax-H3's sigma grid points, the final zero included: it must be between 2 "
@@ -129,7 +132,7 @@ def parse_request(params: dict[str, Any], geometry: Geometry, default_size: tupl
         )
     seed = params.get("seed")
     if seed is not None:
-        seed = _int(seed, "seed")
+        seed = int_param(seed, "seed")
         if not 0 <= seed < 2**63:
             raise InvalidRequestError(f"seed must be a non-negative 63-bit integer, got {seed}", param="seed")
     return Request(width=width, height=height, num_frames=num_frames, num_inference_steps=steps, seed=seed)
@@ -142,7 +145,7 @@ def check_size(size: Any, geometry: Geometry) -> tuple[int, int]:
         size = (int(width_text), int(height_text)) if sep and width_text.isdigit() and height_text.isdigit() else size
     if not (isinstance(size, (list, tuple)) and len(size) == 2):
         raise InvalidRequestError(f"size must be [width, height], got {size!r}", param="size")
-    width, height = (_int(v, "size") for v in size)
+    width, height = (int_param(v, "size") for v in size)
     multiple = geometry.canvas_multiple
     if width < 1 or height < 1 or width % multiple or height % multiple:
         raise InvalidRequestError(
@@ -171,7 +174,7 @@ def check_duration(num_frames: Any, seconds: Any, geometry: Geometry) -> int:
         raise InvalidRequestError("give num_frames or seconds, not both", param="num_frames")
     param = "num_frames"
     if num_frames is not None:
-        frames = _int(num_frames, "num_frames")
+        frames = int_param(num_frames, "num_frames")
     elif seconds is not None:
         param = "seconds"
         if isinstance(seconds, str):
@@ -179,7 +182,7 @@ def check_duration(num_frames: Any, seconds: Any, geometry: Geometry) -> int:
                 seconds = float(seconds)
             except ValueError:
                 raise InvalidRequestError(f"seconds must be a number, got {seconds!r}", param="seconds") from None
-        value = _number(seconds, "seconds")
+        value = number_param(seconds, "seconds")
         frames = max(1, round(value * geometry.fps))
     else:
         return geometry.min_frames
@@ -204,13 +207,3 @@ def _nearest(value: int, multiple: int, up: bool = False) -> int:
     return max(multiple, round(value / multiple) * multiple)
 
 
-def _int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer, got {value!r}", param=name)
-    return value
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(f"{name} must be a number, got {value!r}", param=name)
-    return float(value)
