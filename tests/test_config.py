@@ -724,3 +724,13 @@ def test_a_deploy_file_a_plugin_ships_is_named_package_colon_path(host, checkpoi
     assert resolved.stage("thinker").placement == "process"
     error = reject(host, checkpoint, f"{DEPLOY_PACKAGE}:deploy/nothing.yaml", deploy=f"{DEPLOY_PACKAGE}:deploy/nothing.yaml")
     assert f"a file of package {DEPLOY_PACKAGE}" in str(error)
+
+
+def test_an_empty_override_unsets_a_setting_back_to_its_own_default(host, checkpoint):
+    # The family default deploy sets thinker's max_num_seqs to 16 and talker's devices to [cpu].
+    resolved = resolve(str(checkpoint), overrides=["thinker.max_num_seqs=", "talker.devices=", "defaults.placement="], plugins=host)
+    assert resolved.stage("thinker").options["max_num_seqs"] == 4  # the stage's own (its StageSpec's), not the deploy's 16
+    assert resolved.stage("talker").devices == ()
+    assert {s.placement for s in resolved.stages} == {"process"}  # StageDeploy's default
+    again = resolve(str(checkpoint), overrides=["thinker.max_num_seqs=", "thinker.max_num_seqs=6"], plugins=host)
+    assert again.stage("thinker").options["max_num_seqs"] == 6  # a later value sets it again

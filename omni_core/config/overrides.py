@@ -63,7 +63,7 @@ def parse_override(text: str) -> tuple[str, Any]:
             f"override {text!r} has an empty key: write KEY=VALUE, e.g. thinker.replicas=2", key=key or text
         )
     try:
-        value = yaml.safe_load(raw_value)  # an empty value is YAML null: unsets an option
+        value = yaml.safe_load(raw_value)  # (an empty value unsets the key: `overrides_to_dict`)
     except yaml.YAMLError as exc:
         raise ConfigError(
             f"value {raw_value!r} of override {text!r} is not valid YAML ({exc})", key=key
@@ -72,13 +72,47 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def overrides_to_dict(overrides: Iterable[str], stage_names: Sequence[str]) -> dict[str, Any]:
-    """Turn ``--set`` overrides into a raw deploy dict layer (applied in order: later wins)."""
+    """Turn ``--set`` overrides into a raw deploy dict layer (applied in order: later wins).
+
+    ``KEY=`` with nothing after the ``=`` unsets KEY: it is left out of the layer and listed by
+    `unset_paths`, and the merged deploy drops it, so the setting's own default applies (not the
+    family default deploy's value)."""
     layer: dict[str, Any] = {}
     for text in overrides:
         key, value = parse_override(text)
         path = _deploy_path(key, stage_names)
+        if _is_unset(text):
+            layer = drop_path(layer, path)
+            continue
         layer = deep_merge(layer, _nest(path, value))
     return layer
+
+
+def unset_paths(overrides: Iterable[str], stage_names: Sequence[str]) -> list[list[str]]:
+    """The deploy paths that ``KEY=`` overrides unset, in order (a later ``KEY=VALUE`` sets it again)."""
+    paths: list[list[str]] = []
+    for text in overrides:
+        key, _ = parse_override(text)
+        path = _deploy_path(key, stage_names)
+        paths = [p for p in paths if p != path]
+        if _is_unset(text):
+            paths.append(path)
+    return paths
+
+
+def _is_unset(text: str) -> bool:
+    return text.partition("=")[2].strip() == ""
+
+
+def drop_path(data: Mapping[str, Any], path: Sequence[str]) -> dict[str, Any]:
+    """A copy of `data` without the key at `path` (absent keys are fine)."""
+    result = dict(data)
+    head, *rest = path
+    if not rest:
+        result.pop(head, None)
+    elif isinstance(result.get(head), Mapping):
+        result[head] = drop_path(result[head], rest)
+    return result
 
 
 def _deploy_path(key: str, stage_names: Sequence[str]) -> list[str]:

@@ -19,7 +19,7 @@ import yaml
 
 from omni_core.config.deploy import ENGINE_HOST, DeployConfig, EdgeDeploy, StageDeploy
 from omni_core.config.modelref import CHECKPOINT_DTYPE, checkpoint_dtype, read_hf_config, resolve_model_path
-from omni_core.config.overrides import STAGE_FIELDS, deep_merge, overrides_to_dict, unknown_name_message
+from omni_core.config.overrides import STAGE_FIELDS, deep_merge, drop_path, overrides_to_dict, unknown_name_message, unset_paths
 from omni_core.config.pipeline import MODALITIES, PipelineConfig, StageSpec
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
 from omni_core.config.structure import STRICT, structure_config
@@ -263,6 +263,8 @@ def load_deploy(
     for source, layer in layers:
         _check_layer(layer, source, pipeline)
         merged = deep_merge(merged, layer)
+    for path in unset_paths(overrides, stage_names):  # `--set KEY=`: back to the setting's own default
+        merged = drop_path(merged, path)
     config = structure_config(merged, DeployConfig, source="the merged deploy config")
     return config, merged, user
 
