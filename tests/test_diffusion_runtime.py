@@ -206,3 +206,14 @@ def test_unknown_quantization_is_a_config_error():
         resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"quantization": "int3"}}}})
     with pytest.raises(ConfigError, match="cache"):
         resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"cache": "teacache2"}}}})
+
+
+def test_the_forward_record_stays_bounded_however_long_the_server_runs():
+    from omni_core.stages.diffusion import BATCH_SIZES_KEPT
+
+    runtime = make_runtime()
+    for number in range(2 * BATCH_SIZES_KEPT // 20 + 2):  # one request after another, 20 forwards each
+        runtime.add_request(f"r{number}", StageInput({"size": 1}, params={"num_inference_steps": 20}))
+        drain(runtime)
+    assert not runtime.has_unfinished()
+    assert BATCH_SIZES_KEPT <= len(runtime.batch_sizes) <= 2 * BATCH_SIZES_KEPT and set(runtime.batch_sizes) == {1}

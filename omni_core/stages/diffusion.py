@@ -26,6 +26,7 @@ from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_
 from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 
+BATCH_SIZES_KEPT = 1024
 
 
 @attrs.frozen
@@ -127,7 +128,9 @@ class DiffusionStageRuntime(StageRuntime):
         self._waiting: OrderedDict[int, DiffusionSample] = OrderedDict()  # id(sample) -> sample, arrival order
         self._running: list[DiffusionSample] = []
         self._idle_since: float | None = None
-        self.batch_sizes: list[int] = []  # samples per forward, for tests and benchmarks
+        # Samples per forward, for tests and benchmarks: the last BATCH_SIZES_KEPT or more (a
+        # server runs for weeks: an ever-growing list was a leak).
+        self.batch_sizes: list[int] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -208,6 +211,8 @@ class DiffusionStageRuntime(StageRuntime):
             groups.setdefault(sample.batch_key, []).append(sample)
         for group in groups.values():
             self.batch_sizes.append(len(group))
+            if len(self.batch_sizes) > 2 * BATCH_SIZES_KEPT:
+                del self.batch_sizes[:-BATCH_SIZES_KEPT]
             model.denoise(group)
             for sample in group:
                 sample.step += 1
