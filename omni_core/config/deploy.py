@@ -42,9 +42,14 @@ class RayStageDeploy:
     )
 
     @property
+    def custom_resources(self) -> list[str]:
+        """The custom resources asked for (not CPUs, GPUs or memory), sorted: what names a node."""
+        return sorted(name for name in self.resources if name not in _RAY_BUILTIN_RESOURCES)
+
+    @property
     def pinned(self) -> bool:
         """Whether these options tie the actor to a chosen node or group (a custom resource or a label)."""
-        return bool(self.label_selector) or any(name not in _RAY_BUILTIN_RESOURCES for name in self.resources)
+        return bool(self.label_selector) or bool(self.custom_resources)
 
 
 _RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})

@@ -256,7 +256,7 @@ class RayReplica(Replica):
         # Equal pins (custom resources, labels) name one host or group; none: any node.
         if not deploy.ray.pinned:
             return None
-        pins = {"resources": sorted(n for n in deploy.ray.resources if n not in ("CPU", "GPU")), "labels": deploy.ray.label_selector}
+        pins = {"resources": deploy.ray.custom_resources, "labels": deploy.ray.label_selector}
         return "ray:" + json.dumps(pins, sort_keys=True)
 
     @classmethod
