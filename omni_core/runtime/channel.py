@@ -199,6 +199,11 @@ class EngineChannel:
             except Exception:  # one bad handler must not lose the messages behind it
                 logger.exception("handling worker message %r failed", type(message).__name__)
 
+    @property
+    def reading(self) -> bool:
+        """False once the worker's end is closed (end of file read) or `close` was called."""
+        return self._reading
+
     def drain(self) -> None:
         """Deliver everything the pipe holds now (the worker has exited), then stop reading."""
         while self._reading:
