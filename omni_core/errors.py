@@ -25,6 +25,7 @@ class ConfigError(OmniError):
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(f"{key}: {message}" if key else message)
         self.key = key
+        self.message = message
 
 
 class InvalidRequestError(OmniError):

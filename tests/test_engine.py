@@ -125,6 +125,36 @@ async def test_crashed_process_fails_its_requests_and_restarts():
         assert health["s1"]["restarts"] == 1 and health["s1"]["healthy"]
 
 
+async def test_only_crashes_close_together_stop_the_restarts():
+    """Crashes spread out in time (here: further apart than a 0.2 s window) never add up to a crash
+    loop; the same crashes within the window do."""
+    crash = OmniRequest(prompt="x", params={"s0": {"fail": "crash"}})
+
+    async def crash_and_wait(engine: AsyncOmniEngine) -> None:
+        with pytest.raises(StageError, match="crashed"):
+            await asyncio.wait_for(collect(engine, crash), 60)
+        await asyncio.wait_for(engine.groups["s0"].wait_ready(), 60)
+
+    async with AsyncOmniEngine(passthrough_pipeline(stages=1, placement="process")) as engine:
+        group = engine.groups["s0"]
+        group.restart_window_s = 0.2
+        for _ in range(group.max_restarts + 2):
+            await crash_and_wait(engine)
+            await asyncio.sleep(0.3)
+        [health] = await engine.health()
+        assert health["healthy"] and health["restarts"] == group.max_restarts + 2
+
+        group.restart_window_s = 600.0  # the last crash above now counts too
+        for _ in range(group.max_restarts - 1):
+            await crash_and_wait(engine)
+        with pytest.raises(StageError, match="crashed"):
+            await asyncio.wait_for(collect(engine, crash), 60)
+        [health] = await engine.health()
+        assert health["state"] == "failed" and "not being restarted" in health["error"], health
+        with pytest.raises(StageError, match="none is being restarted"):
+            await asyncio.wait_for(collect(engine, OmniRequest(prompt="after")), 60)
+
+
 @pytest.mark.parametrize("placement", ["inline", "process"])
 async def test_a_stage_that_fails_to_load_says_why(placement):
     """The engine's start error carries the runtime's own reason, not just "see the log"."""

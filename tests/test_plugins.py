@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from pathlib import Path
 from typing import Any, Callable
 
 import attrs
@@ -11,9 +12,11 @@ import click
 import pytest
 
 from omni_core import __version__, hookimpl, hookspecs
-from omni_core.errors import PluginError, UnknownModelError, UnknownNameError
+from omni_core.config import resolve
+from omni_core.errors import ConfigError, PluginError, UnknownModelError, UnknownNameError
 from omni_core.families import PipelineFamily
 from omni_core.plugins import _NAMED_REGISTRIES, BUILTINS_NAME, PluginHost, default_plugins, load_plugins
+from omni_core.runtime.replica import InlineReplica
 
 
 @attrs.define
@@ -645,3 +648,25 @@ def test_every_hook_has_a_docstring(hook_name: str) -> None:
 def test_every_hook_has_a_test(hook_name: str) -> None:
     tests = [name for name in globals() if name.startswith(f"test_hook_{hook_name}")]
     assert tests, f"add a test named test_hook_{hook_name}_... that calls the hook"
+
+
+class PickyReplica(InlineReplica):
+    """A plugin placement that refuses a stage's deploy (as ``ray`` does without Ray installed)."""
+
+    placement = "picky"
+
+    @classmethod
+    def stage_options(cls, deploy: Any) -> dict[str, Any]:
+        raise ConfigError("needs a queue name", key="queue")
+
+
+def test_a_placement_refusing_a_stage_names_the_stage_key(model_dir: Path) -> None:
+    class Picky:
+
+        @hookimpl
+        def register_placements(register: Callable[[str, str], None]) -> None:
+            register("picky", f"{__name__}:PickyReplica")
+
+    with pytest.raises(ConfigError) as info:
+        resolve(str(model_dir), overrides=["vocoder.placement=picky"], plugins=load_plugins(extra_plugins=[Picky]))
+    assert info.value.key == "stages.vocoder.queue" and str(info.value) == "stages.vocoder.queue: needs a queue name"

@@ -3,7 +3,6 @@ it at shutdown; the family's shared-memory edges yield to Mooncake around the Ra
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import ray
@@ -15,15 +14,6 @@ from omni_core.engine.result import OmniResult
 from omni_core.plugins import load_plugins
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    from omni_toy.tiny import make_tiny
-
-    path = tmp_path_factory.mktemp("toy")
-    make_tiny(path, "tiny")
-    return path
 
 
 async def test_set_placement_ray_starts_and_stops_a_local_ray(model_dir, monkeypatch):

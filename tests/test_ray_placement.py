@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Iterator
 
 import attrs
@@ -24,7 +23,6 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.engine.result import OmniResult
 from omni_core.errors import StageError
-from omni_core.plugins import load_plugins
 from omni_core.server.errors import to_api_error
 from omni_core.testing.ray_cluster import SimulatedCluster, simulated_cluster
 
@@ -49,20 +47,6 @@ class Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    from omni_toy.tiny import make_tiny
-
-    path = tmp_path_factory.mktemp("toy")
-    make_tiny(path, "tiny")
-    return path
-
-
-@pytest.fixture(scope="module")
-def host():
-    return load_plugins()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from omni_core.server.sampling_params_list import IGNORED_KEYS, VLLM_SAMPLING_KEYS
+from omni_core.engine.sampling_params_list import IGNORED_KEYS, VLLM_SAMPLING_KEYS
 
 
 def test_vllm_sampling_keys_match_the_installed_vllm() -> None:

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -555,7 +556,7 @@ def test_api_key_required_on_v1_routes(process_server: LiveServer, served: Serve
     assert httpx.get(f"{url}/metrics").status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
-    assert _client(process_server).chat.completions.create(model=served.model, messages=PROMPT, max_tokens=2).choices[0].message.content
+    assert _client(process_server).chat.completions.create(model=served.model, messages=PROMPT, max_tokens=2, modalities=["text"]).choices[0].message.content
 
 
 def test_client_disconnect_cancels_in_every_stage(process_server: LiveServer, served: ServedModel) -> None:
@@ -626,6 +627,62 @@ def _assert_cancelled_everywhere(url: str, cancelled_before: float, left: float,
     assert done, (metrics, replicas)
     assert time.monotonic() - left < 0.5 * full_duration, "the stages seem to have run the request to its end"
     assert all(r["placement"] == "process" for r in replicas)
+
+
+def test_sigkilled_stage_fails_its_requests_then_serves_again(process_server: LiveServer, served: ServedModel) -> None:
+    """SIGKILL the text stage's process while a streaming and a non-streaming request run in it:
+    within 5 s the stream carries an error event and closes, the other gets a 5xx OpenAI error
+    body; the stage is restarted and the next request succeeds."""
+    url, headers = process_server.url, _headers(process_server)
+    long = {served.text_stage: {"max_tokens": 200, "ignore_eos": True}}
+    outcome: dict[str, Any] = {}
+    streaming = threading.Event()
+
+    def stream() -> None:
+        body = _chat_body(served, stream=True, modalities=list(served.modalities), stage_params=long)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as response:
+            events = []
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    events.append(line[5:].strip())
+                    streaming.set()
+            outcome["stream"] = (response.status_code, events, time.monotonic())
+
+    def whole() -> None:
+        body = _chat_body(served, modalities=list(served.modalities), stage_params=long)
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+        outcome["whole"] = (response, time.monotonic())
+
+    threads = [threading.Thread(target=stream), threading.Thread(target=whole)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while True:
+        text_stage = next(r for r in httpx.get(f"{url}/health").json()["replicas"] if r["stage"] == served.text_stage)
+        if streaming.is_set() and text_stage.get("active_requests", 0) >= 2:
+            break
+        assert time.monotonic() < deadline and not outcome, ("the requests never ran together", outcome)
+        time.sleep(0.02)
+    os.kill(text_stage["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(60)
+
+    status, events, closed = outcome["stream"]
+    assert status == 200 and events[-1] == "[DONE]", events[-3:]
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "server_error" and served.text_stage in error["message"], error
+    assert closed - killed < 5.0
+    response, answered = outcome["whole"]
+    body = _assert_error_body(response, range(500, 600))
+    assert body["type"] == "server_error" and served.text_stage in body["message"], body
+    assert answered - killed < 5.0
+    assert f"stage {served.text_stage} replica 0: worker process killed by SIGKILL" in process_server.log_tail(200_000)
+
+    while httpx.get(f"{url}/health").status_code != 200:
+        assert time.monotonic() - killed < 180, httpx.get(f"{url}/health").text
+        time.sleep(0.2)
+    _complete_ok(process_server, served)
 
 
 def test_sigterm_shuts_down_cleanly(process_server: LiveServer) -> None:

@@ -47,15 +47,6 @@ def host() -> PluginHost:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omni_toy.tiny import make_tiny
-
-    path = tmp_path_factory.mktemp("toy")
-    make_tiny(path, "tiny")
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(model_dir: Path, host: PluginHost) -> Iterator[str]:
     """The app on a free loopback port, served by uvicorn in a thread (its own event loop)."""
     overrides = [

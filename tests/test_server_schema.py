@@ -80,3 +80,71 @@ def test_schema_documents_openai_errors(live_server: LiveServer) -> None:
     for status in ("400", "401", "404", "413", "500"):
         ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
         assert ref.endswith("/ErrorResponse"), (status, ref)
+
+
+# Every route of the served schema, valid and invalid bodies, parameters and paths: at least 2000
+# requests in all, none answered 5xx, none left without an answer for FUZZ_TIMEOUT_S.
+FUZZ_EXAMPLES = {"POST": 400, "GET": 250}  # per operation (one without parameters runs out sooner)
+FUZZ_TIMEOUT_S = 30.0
+# Generation is capped so a valid request costs milliseconds: the fuzz run is about the server's
+# handling of what it is sent, not about long generations (test_server.py covers those).
+CAPPED_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def _capped(body: Any) -> Any:
+    if isinstance(body, dict):
+        if "model" in body:
+            body["model"] = MODEL
+        for field in CAPPED_FIELDS:
+            if isinstance(body.get(field), int) and not isinstance(body[field], bool) and body[field] > 4:
+                body[field] = 4
+    return body
+
+
+def test_every_route_fuzzed_without_5xx_or_hang(live_server: LiveServer) -> None:
+    import httpx
+
+    schema = schemathesis.openapi.from_url(f"{live_server.url}/schema/openapi.json", timeout=30)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 9, [op.label for op in operations]
+    sent: dict[str, list[int]] = {}
+
+    for operation in operations:
+        cases = st.one_of(operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE))
+        codes = sent.setdefault(operation.label, [])
+
+        @hypothesis.settings(
+            max_examples=FUZZ_EXAMPLES[operation.method.upper()],
+            deadline=None,
+            suppress_health_check=list(hypothesis.HealthCheck),
+            database=None,
+            derandomize=True,
+            phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],  # no shrinking: a failure prints its case
+        )
+        @hypothesis.given(case=cases)
+        def check(case: Any) -> None:
+            case.body = _capped(case.body)
+            try:
+                response = case.call(base_url=live_server.url, timeout=FUZZ_TIMEOUT_S)
+            except httpx.TimeoutException:
+                pytest.fail(f"{operation.label}: no answer within {FUZZ_TIMEOUT_S} s to {case.path_parameters} {case.query} {case.body!r:.2000}")
+            codes.append(response.status_code)
+            assert response.status_code < 500, (operation.label, case.path_parameters, case.body, response.status_code, response.text[:2000])
+            if response.status_code >= 400:
+                body = response.json()
+                assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+
+        check()
+
+    total = sum(len(codes) for codes in sent.values())
+    assert total >= 2000, ", ".join(f"{label}: {len(codes)}" for label, codes in sent.items())
+    every = [code for codes in sent.values() for code in codes]
+    assert any(code < 300 for code in every) and any(400 <= code < 500 for code in every), sorted(set(every))
+    # The server still answers a valid request after all that.
+    response = httpx.post(
+        f"{live_server.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=60,
+    )
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] is not None, response.text
+    assert httpx.get(f"{live_server.url}/health", timeout=30).status_code == 200

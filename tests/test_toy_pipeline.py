@@ -21,25 +21,10 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.engine.result import OmniResult
 from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
-from omni_core.plugins import load_plugins
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
 
 PROMPTS = ["Once upon a time", "hello", "The quick brown fox jumps", "a b c d e f g", "Omni", "what is this?", "numbers 1 2 3", "zz"]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    from omni_toy.tiny import make_tiny
-
-    path = tmp_path_factory.mktemp("toy")
-    make_tiny(path, "tiny")
-    return path
-
-
-@pytest.fixture(scope="module")
-def host():
-    return load_plugins()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

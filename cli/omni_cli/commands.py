@@ -18,6 +18,7 @@ import click
 from omni_core.errors import ConfigError, InvalidRequestError
 
 deploy_option = click.option("--deploy", type=click.Path(dir_okay=False, path_type=Path), help="A deploy YAML file (over the family's default), or one a plugin ships: PACKAGE:PATH.yaml (omni_qwen3:deploy/two-nodes.yaml).")
+stage_configs_option = click.option("--stage-configs-path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A vLLM-Omni stage-config YAML, read as the deploy config (omni convert-stage-config FILE shows what it becomes).")
 set_option = click.option("--set", "overrides", multiple=True, metavar="STAGE.OPTION=VALUE", help="Override a deploy setting; repeatable, later wins.")
 
 
@@ -37,13 +38,14 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--prompt", required=True, help="The text prompt.")
 @click.option("--modalities", default=None, help="Comma-separated outputs, e.g. text,audio (default: the pipeline's).")
 @click.option("--stage-params", default=None, metavar="JSON", help='Per-stage parameters, e.g. \'{"thinker": {"max_tokens": 32}}\'.')
+@click.option("--task", default=None, help="The pipeline task to run, for a family with tasks (default: the modalities pick it).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Directory for media outputs (WAV, PNG, MP4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with prompt_token_ids and token_ids).")
 @click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")
 @deploy_option
 @set_option
 @click.pass_context
-def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None, stage_params: str | None, out_dir: Path | None, as_json: bool, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
+def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None, stage_params: str | None, task: str | None, out_dir: Path | None, as_json: bool, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
     """Run one prompt through MODEL's pipeline and print or save what it produces."""
     params = _parse_stage_params(stage_params)
     wanted = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else None
@@ -51,6 +53,7 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
     from omni_cli.main import plugin_host
     from omni_core.config import resolve
     from omni_core.engine.offline import Omni
+    from omni_core.engine.request import OmniRequest
 
     pipeline = resolve(model, deploy=deploy, overrides=overrides, plugins=plugin_host(ctx))
     unknown = [m for m in wanted or () if m not in pipeline.modalities]
@@ -66,7 +69,8 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
             elif delta.modality != "text":
                 click.echo(f"[{delta.stage}] {delta.modality} chunk {delta.index}{' (final)' if delta.final else ''}", err=True)
 
-        (result,) = omni.generate(prompt, modalities=wanted, params_per_stage=params, on_delta=on_delta)
+        request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task)
+        (result,) = omni.generate(request, on_delta=on_delta)
     paths = result.save(out_dir) if out_dir is not None else {}
     if as_json:
         click.echo(json.dumps(result.to_json(paths), indent=2))
@@ -123,18 +127,100 @@ def make_tiny(ctx: click.Context, family: str, directory: Path, size: str) -> No
     click.echo(str(directory))
 
 
-@click.command()
+MEDIA_DOMAINS_FLAG = "--allowed-media-domains"
+
+
+def spread_option(args: list[str], flag: str) -> list[str]:
+    """``FLAG a b c`` -> ``FLAG a FLAG b FLAG c``: the values that follow `flag` up to the next
+    option, as argparse's ``nargs="+"`` takes them (click options take one value each)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        out.append(arg)
+        i += 1
+        if arg == "--":
+            return out + args[i:]
+        if arg != flag:
+            continue
+        end = i
+        while end < len(args) and not args[end].startswith("-"):
+            end += 1
+        for index, value in enumerate(args[i:end]):
+            out += [value] if index == 0 else [flag, value]
+        i = end
+    return out
+
+
+class ServeCommand(click.Command):
+    """``omni serve``: ``--allowed-media-domains`` takes several hosts after one flag, as vLLM's
+    does (``--allowed-media-domains a.example b.example``); repeating the flag works too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, spread_option(list(args), MEDIA_DOMAINS_FLAG))
+
+
+@click.command(cls=ServeCommand)
 @click.argument("model")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8091, show_default=True, type=int)
 @click.option("--api-key", envvar="OMNI_API_KEY", default=None, help="Require 'Authorization: Bearer KEY' on /v1 routes.")
 @click.option("--max-body-mb", default=64.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Largest request body accepted (larger: 413).")
+@click.option("--allowed-local-media-path", default=None, metavar="DIR", help="Let requests name media as file:// URLs of files under DIR (symlinks and .. resolved). Default: base64 data: URLs only.")
+@click.option(MEDIA_DOMAINS_FLAG, "allowed_media_domains", multiple=True, metavar="HOST [HOST ...]", help="Let requests name media as http(s):// URLs on these hosts (fetched with --max-media-mb and --media-fetch-timeout; redirects only to these hosts). Default: none.")
+@click.option("--max-media-mb", default=32.0, show_default=True, type=click.FloatRange(min=0, min_open=True), help="Largest medium read from an allowed file:// or http(s):// URL.")
+@click.option("--media-fetch-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Time limit of one allowed http(s):// media fetch.")
+@click.option("--max-prompt-chars", default=None, type=click.IntRange(min=1), help="Longest prompt text accepted, checked before tokenizing (default: 32 characters per token of the first AR stage's max_model_len).")
 @click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")
 @deploy_option
+@stage_configs_option
 @set_option
-def serve(model: str, host: str, port: int, api_key: str | None, max_body_mb: float, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
+def serve(
+    model: str, host: str, port: int, api_key: str | None, max_body_mb: float, allowed_local_media_path: str | None,
+    allowed_media_domains: tuple[str, ...], max_media_mb: float, media_fetch_timeout: float, max_prompt_chars: int | None,
+    verbose: bool, deploy: Path | None, stage_configs_path: Path | None, overrides: tuple[str, ...],
+) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (like `vllm serve`)."""
+    from omni_core.media_access import MediaAccess
+
+    media = MediaAccess.create(allowed_local_media_path, allowed_media_domains, int(max_media_mb * 1024 * 1024), media_fetch_timeout)
     _setup_logging(verbose)
     from omni_core.server.app import run_server
 
-    run_server(model, host=host, port=port, api_key=api_key, deploy=deploy, overrides=overrides, max_body_bytes=int(max_body_mb * 1024 * 1024))
+    deploy_source: Any = deploy
+    if stage_configs_path is not None:
+        if deploy is not None:
+            raise click.UsageError("give --deploy or --stage-configs-path, not both (omni convert-stage-config FILE prints the deploy file to start from)")
+        deploy_source = _converted_stage_config(stage_configs_path, model).deploy
+    run_server(
+        model, host=host, port=port, api_key=api_key, deploy=deploy_source, overrides=overrides, max_body_bytes=int(max_body_mb * 1024 * 1024),
+        media=media, max_prompt_chars=max_prompt_chars,
+    )
+
+
+@click.command("convert-stage-config")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", default=None, help="Read FILE against MODEL's pipeline (its stage names and graph); default: the stages FILE names.")
+@click.pass_context
+def convert_stage_config(ctx: click.Context, file: Path, model: str | None) -> None:
+    """Print the Omni deploy YAML equivalent to a vLLM-Omni stage-config FILE (ignored fields: warnings on stderr)."""
+    from omni_cli.main import plugin_host
+    from omni_core.config.vllm_omni import convert_stage_config as convert
+    from omni_core.config.vllm_omni import read_stage_config
+
+    conversion = _converted_stage_config(file, model, plugin_host(ctx)) if model else convert(read_stage_config(file), source=str(file))
+    for line in conversion.warnings:
+        click.echo(f"Warning: {line}", err=True)
+    click.echo(conversion.to_yaml(), nl=False)
+
+
+def _converted_stage_config(path: Path, model: str, plugins: Any = None) -> Any:
+    """`path` (a vLLM-Omni stage config) converted against `model`'s pipeline; for ``serve``
+    (no `plugins` given) each ignored field is logged as one warning line."""
+    from omni_core.config.vllm_omni import convert_for_model
+
+    conversion = convert_for_model(path, model, plugins)
+    if plugins is None:
+        for line in conversion.warnings:
+            logging.getLogger("omni_core.config.vllm_omni").warning("%s: %s", path, line)
+    return conversion

@@ -167,6 +167,7 @@ def _format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 cli.add_command(commands.generate)
 cli.add_command(commands.serve)
 cli.add_command(commands.make_tiny)
+cli.add_command(commands.convert_stage_config)
 
 
 def main() -> None:

@@ -59,11 +59,14 @@ def resolve_model_path(model_ref: str, plugins: PluginHost) -> Path:
     )
 
 
+CONFIG_FILES = ("config.json", "model_index.json", "modular_model_index.json")
+
+
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint's ``config.json`` (transformers), ``model_index.json`` (diffusers) or
     ``modular_model_index.json`` (a diffusers modular pipeline, e.g. MiniMax-H3)."""
     directory = Path(path)
-    for name in ("config.json", "model_index.json", "modular_model_index.json"):
+    for name in CONFIG_FILES:
         file = directory / name
         if not file.is_file():
             continue
@@ -74,9 +77,11 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise ConfigError(f"{file} must hold a JSON object, not {type(data).__name__}", key=name)
         return data
-    raise UnknownModelError(
-        f"{directory} has neither config.json nor model_index.json (nor a modular_model_index.json): is it a Hugging Face checkpoint?"
+    inside = sorted(
+        sub.name for sub in (directory.iterdir() if directory.is_dir() else ()) if sub.is_dir() and any((sub / n).is_file() for n in CONFIG_FILES)
     )
+    hint = f"; these folders in it are: serve one of {', '.join(str(directory / n) for n in inside)}" if inside else ": is it a Hugging Face checkpoint?"
+    raise UnknownModelError(f"{directory} has neither config.json nor model_index.json (nor a modular_model_index.json){hint}")
 
 
 def _tiny_checkpoint(family_name: str, plugins: PluginHost) -> Path:

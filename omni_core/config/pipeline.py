@@ -55,6 +55,27 @@ class StageSpec:
 
 
 @attrs.frozen
+class TaskSpec:
+    """A named path through a pipeline: the stages one kind of request runs.
+
+    - `stages`: the stages it runs (a sub-graph). Edges between them are followed; an edge from a
+      stage outside the task is not, so a stage whose sources all lie outside is an entry stage of
+      the task and takes the input processor's input (as a stage without inputs always does).
+    - `modalities`: what a request of this task gets when it names none; a request naming
+      modalities gets the task whose `modalities` are exactly those, else the first (in declaration
+      order) whose stages produce them all.
+
+    E.g. HunyuanImage-3.0: ``t2t`` = [ar] (text), ``t2i`` = [dit] (image), ``think_t2i`` = [ar, dit]
+    (text and image). A stage outside the chosen task costs the request nothing.
+    """
+
+    name: str
+    stages: tuple[str, ...]
+    modalities: tuple[str, ...]
+    description: str = ""
+
+
+@attrs.frozen
 class PipelineConfig:
     """A model family's pipeline for one checkpoint.
 
@@ -63,7 +84,10 @@ class PipelineConfig:
     ``load()`` runs while the engine starts the stages); ``None``: the core's text-prompt
     processor. Every part reference of a pipeline follows the one rule of `omni_core.parts`.
     `default_deploy` is a package resource ``"package:path/to/deploy.yaml"``.
-    `default_modalities` are produced when a request names none.
+    `default_modalities` are produced when a request names none (and pick the default task).
+    `tasks`: the named paths a request may take (``()``: a request runs the stages producing the
+    modalities it wants and their ancestors); a request picks one by name (`OmniRequest.task`) or
+    by the modalities it wants (see `TaskSpec`).
     """
 
     family: str
@@ -71,3 +95,4 @@ class PipelineConfig:
     input_processor: str | None = None
     default_deploy: str | None = None
     default_modalities: tuple[str, ...] = ("text",)
+    tasks: tuple[TaskSpec, ...] = ()

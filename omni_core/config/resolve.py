@@ -21,6 +21,7 @@ from omni_core.config.deploy import ENGINE_HOST, DeployConfig, EdgeDeploy, Stage
 from omni_core.config.modelref import CHECKPOINT_DTYPE, checkpoint_dtype, read_hf_config, resolve_model_path
 from omni_core.config.overrides import STAGE_FIELDS, deep_merge, drop_path, overrides_to_dict, unknown_name_message, unset_paths
 from omni_core.config.pipeline import MODALITIES, PipelineConfig, StageSpec
+from omni_core.config.tasks import check_tasks
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
 from omni_core.config.structure import STRICT, structure_config
 from omni_core.errors import ConfigError, PluginError
@@ -120,7 +121,7 @@ def resolve_pipeline(
                 params=_plain(spec.params),
                 placement=stage_deploy.placement,
                 placement_ref=placement_ref,
-                placement_options=_plain(load_ref(placement_ref).stage_options(stage_deploy)),
+                placement_options=_placement_options(placement_ref, stage_deploy, spec.name),
                 replicas=stage_deploy.replicas,
                 devices=stage_deploy.devices,
                 load_balancer=stage_deploy.load_balancer,
@@ -143,6 +144,7 @@ def resolve_pipeline(
         streaming=deploy_config.streaming,
         input_processor=pipeline.input_processor,
         default_modalities=pipeline.default_modalities,
+        tasks=pipeline.tasks,
         output_connector=output_connector,
         output_connector_ref=output_ref,
         output_connector_options=output_options,
@@ -152,6 +154,17 @@ def resolve_pipeline(
             if stage.placement_ref is not None
         },
     )
+
+
+def _placement_options(placement_ref: str, stage_deploy: StageDeploy, stage: str) -> dict[str, Any]:
+    """The placement's `Replica.stage_options`; its errors name the stage's key (a placement sees
+    only the stage's deploy, not its name)."""
+    try:
+        return _plain(load_ref(placement_ref).stage_options(stage_deploy))
+    except ConfigError as exc:
+        if exc.key is not None and exc.key.startswith("stages."):
+            raise
+        raise ConfigError(exc.message, key=f"stages.{stage}.{exc.key or 'placement'}") from None
 
 
 # -- the pipeline a family declares ---------------------------------------------------------------
@@ -198,6 +211,7 @@ def check_pipeline(pipeline: PipelineConfig, plugins: PluginHost) -> None:
                 f"{modality!r} is not one of: {', '.join(MODALITIES)}", key="default_modalities"
             )
     _check_acyclic(pipeline)
+    check_tasks(pipeline)
     finals = [spec for spec in pipeline.stages if spec.final]
     if not finals:
         raise ConfigError(

@@ -7,6 +7,8 @@ from typing import Any
 import attrs
 import cattrs
 
+from omni_core.config.pipeline import TaskSpec
+
 _converter = cattrs.Converter()
 
 
@@ -75,6 +77,7 @@ class ResolvedPipeline:
     streaming: bool = True
     input_processor: str | None = None
     default_modalities: tuple[str, ...] = ("text",)
+    tasks: tuple[TaskSpec, ...] = ()
     output_connector: str = "shm"
     output_connector_ref: str = "omni_core.connectors.shm:SharedMemoryConnector"
     output_connector_options: dict[str, Any] = attrs.field(factory=dict)
@@ -86,6 +89,12 @@ class ResolvedPipeline:
         for stage in self.stages:
             if stage.name == name:
                 return stage
+        raise KeyError(name)
+
+    def task(self, name: str) -> TaskSpec:
+        for task in self.tasks:
+            if task.name == name:
+                return task
         raise KeyError(name)
 
     def downstream(self, name: str) -> list[ResolvedEdge]:

@@ -360,3 +360,16 @@ class SharedMemoryConnector(Connector):
     def pool_path(self) -> str | None:
         """The file of this process's own pool (``None`` before the first put)."""
         return self._own.path if self._own is not None else None
+
+
+def pages_in_use(path: str) -> int:
+    """How many pages of the pool file at `path` are held by unreleased handles right now (for
+    operators and leak tests: a quiet server's pools hold none)."""
+    with open(path, "rb") as file:
+        header = file.read(_HEADER.size)
+        magic, _page_size, n_pages, _data_offset = _HEADER.unpack(header)
+        if magic != _MAGIC:
+            raise ConnectorError(f"{path} is not an Omni shared-memory pool (bad magic {magic!r})")
+        file.seek(_HEADER_BYTES + 8 * n_pages)
+        states = np.frombuffer(file.read(n_pages), dtype=np.uint8)
+    return int(np.count_nonzero(states != _FREE))

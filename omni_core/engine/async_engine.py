@@ -15,7 +15,7 @@ from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
 from omni_core.engine.inputs import TextPromptProcessor
 from omni_core.engine.orchestrator import Orchestrator
-from omni_core.engine.params import check_stage_names
+from omni_core.engine.params import check_stage_names, check_stage_params, stage_param_names
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import OmniError, StageError
 from omni_core.outputs import OutputDelta
@@ -40,6 +40,7 @@ class AsyncOmniEngine:
         self._connectors: list[Connector] = []
         self._sessions: dict[str, Any] = {}  # placement ref -> its `Replica.open_session`
         self._input_processor: InputProcessor | None = None
+        self._param_names: dict[str, frozenset[str]] = {}  # per stage, where its model declares them
         self._started = False
 
     @classmethod
@@ -85,11 +86,15 @@ class AsyncOmniEngine:
             waits = [group.wait_ready() for group in self.groups.values()]
             # Its tokenizer etc. load while the stages start: not on the first request.
             waits.append(asyncio.to_thread(self._input_processor.load))
+            waits.append(self._load_param_names())
             await asyncio.wait_for(asyncio.gather(*waits), timeout)
         except BaseException:
             await self.shutdown()
             raise
         logger.info("pipeline %s (%s) ready in %.1f s", self.pipeline.family, self.pipeline.model, time.monotonic() - started)
+
+    async def _load_param_names(self) -> None:
+        self._param_names = await asyncio.to_thread(stage_param_names, self.pipeline)
 
     def _build_input_processor(self) -> InputProcessor:
         context = PartContext(self.pipeline)
@@ -137,6 +142,8 @@ class AsyncOmniEngine:
             raise OmniError("the engine is not started: call `await engine.start()` first")
         check_stage_names(request.params, [s.name for s in self.pipeline.stages])
         state = self.orchestrator.plan(request)
+        check_stage_params(request.params, self._param_names, {s.name: s.kind for s in self.pipeline.stages})
+        request.task = state.task  # the input processor builds that task's entry inputs
         stage_inputs = await asyncio.to_thread(self._input_processor.process, request)
         await self.orchestrator.submit(state, stage_inputs)
         return self.orchestrator.stream(request.request_id)

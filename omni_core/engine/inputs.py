@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from omni_core.config.tasks import request_entries
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
@@ -11,14 +13,15 @@ from omni_core.parts import InputProcessor, PartContext
 
 
 class TextPromptProcessor(InputProcessor):
-    """Gives every entry stage ``{"prompt": text}`` or ``{"messages": [...]}``.
+    """Gives every entry stage of the request (of its task, if the pipeline has tasks)
+    ``{"prompt": text}`` or ``{"messages": [...]}``.
 
     Families with multimodal input provide their own processor (`PipelineConfig.input_processor`).
     """
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)
-        self.entry_stages = [stage.name for stage in context.pipeline.stages if not stage.inputs]
+        self.entries = functools.lru_cache(maxsize=None)(functools.partial(request_entries, context.pipeline))
 
     def process(self, request: OmniRequest) -> dict[str, StageInput]:
         if request.prompt is not None:
@@ -29,7 +32,7 @@ class TextPromptProcessor(InputProcessor):
             data = {"messages": request.messages}
         else:
             raise InvalidRequestError("a request needs a prompt or messages", param="prompt")
-        return {name: StageInput(data=dict(data), final=True) for name in self.entry_stages}
+        return {name: StageInput(data=dict(data), final=True) for name in self.entries(request.task)}
 
 
 def last_user_text(messages: list[dict[str, Any]]) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
+from omni_core.config.tasks import TASK_PARAM, choose_task, entry_stages, task_name
 from omni_core.connectors.base import Connector
 from omni_core.engine.params import merge_params
 from omni_core.engine.request import OmniRequest
@@ -44,6 +45,8 @@ class RequestState:
     modalities: tuple[str, ...]
     routes: dict[str, tuple[tuple[str, ...], bool]]
     pending_finals: dict[str, int]
+    entries: tuple[str, ...] = ()  # active stages fed by the request's input, not by another active stage
+    task: str | None = None
     queue: asyncio.Queue[Any] = attrs.field(factory=asyncio.Queue)
     started: set[str] = attrs.field(factory=set)
     param_overlays: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -111,15 +114,31 @@ class Orchestrator:
     # -- requests --------------------------------------------------------------------------------
 
     def plan(self, request: OmniRequest) -> RequestState:
-        """Validate the wanted modalities and work out which stages run and where outputs go."""
-        produced = self.pipeline.modalities
-        modalities = tuple(request.modalities or self.pipeline.default_modalities)
-        unknown = [mod for mod in modalities if mod not in produced]
-        if unknown:
-            raise InvalidRequestError(
-                f"this model does not produce {', '.join(unknown)}; it produces {', '.join(produced)}", param="modalities"
-            )
-        active = active_stages(self.pipeline, modalities)
+        """Validate the wanted modalities (and task) and work out which stages run and where
+        outputs go. A pipeline with tasks runs the request's task (`omni_core.config.tasks`), one
+        without runs the stages producing the wanted modalities and their ancestors."""
+        task = None
+        if self.pipeline.tasks:
+            stages = {s.name: s for s in self.pipeline.stages}
+            name = task_name(request.task, request.params)
+            chosen, modalities = choose_task(self.pipeline.tasks, stages, name, request.modalities, self.pipeline.default_modalities)
+            task = chosen.name
+            active = tuple(s.name for s in self.pipeline.stages if s.name in chosen.stages)
+            # The task was a routing choice, not a parameter of the stage that carried it.
+            request.params = {k: {p: v for p, v in ps.items() if p != TASK_PARAM} for k, ps in request.params.items()}
+        else:
+            if request.task is not None:
+                raise InvalidRequestError(
+                    f"this model ({self.pipeline.family}) has no tasks to choose from; leave task out", param=TASK_PARAM
+                )
+            produced = self.pipeline.modalities
+            modalities = tuple(request.modalities or self.pipeline.default_modalities)
+            unknown = [mod for mod in modalities if mod not in produced]
+            if unknown:
+                raise InvalidRequestError(
+                    f"this model does not produce {', '.join(unknown)}; it produces {', '.join(produced)}", param="modalities"
+                )
+            active = active_stages(self.pipeline, modalities)
         routes: dict[str, tuple[tuple[str, ...], bool]] = {}
         pending: dict[str, int] = {}
         for name in active:
@@ -128,15 +147,16 @@ class Orchestrator:
             emit_output = any(out in modalities for out in stage.outputs) or not targets
             routes[name] = (targets, emit_output)
             pending[name] = len(targets) + int(emit_output)
-        return RequestState(request, active, modalities, routes, pending)
+        entries = entry_stages(self.pipeline.stages, active)
+        return RequestState(request, active, tuple(modalities), routes, pending, entries=entries, task=task)
 
     async def submit(self, state: RequestState, stage_inputs: dict[str, StageInput]) -> None:
         """Start a planned request with the input processor's stage inputs.
 
-        Entry stages get their input (put on the output connector, off the loop, before their
-        `Submit` goes out); for a stage fed by other stages only the `params` of its `StageInput`
-        are used (merged over the request's parameters for it, e.g. a chosen voice). A caller
-        cancelled meanwhile leaves nothing behind: the request is aborted and forgotten, and a
+        Entry stages (`RequestState.entries`) get their input (put on the output connector, off the
+        loop, before their `Submit` goes out); for a stage fed by other stages of the request only
+        the `params` of its `StageInput` are used (merged over the request's parameters for it,
+        e.g. a chosen voice). A caller cancelled meanwhile leaves nothing behind: the request is aborted and forgotten, and a
         handle whose put was under way is released when the put ends.
         """
         request_id = state.request.request_id
@@ -149,7 +169,7 @@ class Orchestrator:
             for name, stage_input in stage_inputs.items():
                 if name not in state.active:
                     continue
-                if self.pipeline.stage(name).inputs:
+                if name not in state.entries:
                     state.param_overlays[name] = dict(stage_input.params)
                     continue
                 handle = await self._put(self.io_connector, {"data": stage_input.data, "params": stage_input.params})

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import logging
+from typing import TYPE_CHECKING, Any, Mapping
 
 from omni_core.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from omni_core.config.resolved import ResolvedPipeline
+
+logger = logging.getLogger(__name__)
 
 # Keys whose values are sets of stop conditions: a request adds to the pipeline's, never drops them
 # (a user's own stop list must not silently remove a family's end-of-turn tokens).
@@ -31,6 +37,53 @@ def check_stage_names(params: Mapping[str, Any], stages: list[str]) -> None:
             raise InvalidRequestError(f"unknown stage {name!r} in per-stage parameters; this pipeline's stages are {', '.join(stages)}", param=f"stage_params.{name}")
         if not isinstance(value, Mapping):
             raise InvalidRequestError(f"parameters of stage {name!r} must be an object, got {type(value).__name__}", param=f"stage_params.{name}")
+
+
+def stage_param_names(pipeline: ResolvedPipeline) -> dict[str, frozenset[str]]:
+    """Stage name -> the per-request parameter names the stage takes, for each stage whose model
+    part declares them (``request_params``: `ARModel`, `GenerationModel`, `DiffusionModel`).
+
+    An ``ar`` stage takes vLLM's sampling parameters (minus those its runtime sets) besides its
+    model's own; a ``diffusion`` stage its runtime's ``cache`` besides its model's. Reading the
+    declaration imports the model part's module: call this once, off the event loop. A model part
+    that cannot be imported here is left to check its parameters in its stage.
+    """
+    from omni_core.engine.sampling_params_list import VLLM_SAMPLING_KEYS
+    from omni_core.refs import load_ref
+    from omni_core.stages.vllm_bridge import RESERVED_SAMPLING_KEYS
+
+    names: dict[str, frozenset[str]] = {}
+    for stage in pipeline.stages:
+        try:
+            declared = getattr(load_ref(stage.model), "request_params", None)
+        except Exception as exc:  # its stage reports it, with the stage's context
+            logger.debug("stage %r: cannot read the model part's request_params: %s", stage.name, exc)
+            continue
+        if declared is None:
+            continue
+        if stage.kind == "ar":
+            declared = (VLLM_SAMPLING_KEYS - RESERVED_SAMPLING_KEYS) | declared
+        elif stage.kind == "diffusion":
+            declared = declared | {"cache"}
+        names[stage.name] = frozenset(declared)
+    return names
+
+
+def check_stage_params(params: Mapping[str, Mapping[str, Any]], names: Mapping[str, frozenset[str]], kinds: Mapping[str, str]) -> None:
+    """Reject a per-stage parameter that its stage does not take (`stage_param_names`), naming it:
+    before the request starts, so that a streamed response never starts for a request that a
+    later stage would refuse."""
+    for stage, values in params.items():
+        known = names.get(stage)
+        if known is None:
+            continue
+        unknown = sorted(set(values) - known)
+        if unknown:
+            takes = ", ".join(sorted(known)) or "no parameters"
+            raise InvalidRequestError(
+                f"unknown parameter {unknown[0]!r} for stage {stage!r} (kind {kinds.get(stage, '?')}); it takes: {takes}",
+                param=f"stage_params.{stage}.{unknown[0]}",
+            )
 
 
 def int_param(value: Any, name: str) -> int:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
+import time
 from typing import Any, Callable
 
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
@@ -19,6 +21,12 @@ logger = logging.getLogger(__name__)
 # (stage name, replica index, message or None when the replica died)
 Dispatch = Callable[[str, int, Any], None]
 
+# Crash-loop policy, as Kubernetes has it: a replica that crashes again and again is given up on,
+# but crashes spread over days are not a loop. More than `max_restarts` crashes within
+# `restart_window_s` stop the restarts; older crashes are forgotten.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 600.0
+
 
 class StageGroup:
     """All replicas of one stage. Requests stick to the replica they were assigned first."""
@@ -30,8 +38,9 @@ class StageGroup:
         dispatch: Dispatch,
         loop: asyncio.AbstractEventLoop,
         inline_connectors: dict[str, Connector],
-        max_restarts: int = 3,
+        max_restarts: int = MAX_RESTARTS,
         session: Any = None,
+        restart_window_s: float = RESTART_WINDOW_S,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -41,8 +50,11 @@ class StageGroup:
         self._inline_connectors = inline_connectors
         self._session = session  # the placement's, for this engine (`Replica.open_session`)
         self.max_restarts = max_restarts
-        self.restarts = [0] * stage.replicas
+        self.restart_window_s = restart_window_s
+        self.restarts = [0] * stage.replicas  # in all, for health
+        self._crashes: list[collections.deque[float]] = [collections.deque() for _ in range(stage.replicas)]
         self.dead = [False] * stage.replicas
+        self.failures: dict[int, str] = {}  # replica -> why it is not being restarted
         self.load_errors: dict[int, str] = {}  # replica -> why its last load failed (`LoadFailed`)
         self.replicas: list[Replica] = [self._make_replica(i) for i in range(stage.replicas)]
         self.ready: list[asyncio.Future[None]] = [loop.create_future() for _ in self.replicas]
@@ -111,14 +123,29 @@ class StageGroup:
             self.dead[index] = True
             reason = self.load_errors.get(index)
             detail = f"failed to load: {reason}" if reason else "died while loading; see its log above"
+            self.failures[index] = f"{detail}; not being restarted"
             self.ready[index].set_exception(StageError(self.name, f"replica {index} {detail}"))
             return
-        if self.restarts[index] >= self.max_restarts:
-            logger.error("stage %s replica %d crashed %d times: not restarting", self.name, index, self.restarts[index])
+        now = time.monotonic()
+        crashes = self._crashes[index]
+        crashes.append(now)
+        while crashes and now - crashes[0] > self.restart_window_s:
+            crashes.popleft()
+        if len(crashes) > self.max_restarts:
             self.dead[index] = True
+            self.failures[index] = (
+                f"crashed {len(crashes)} times within {_duration(self.restart_window_s)}: not being restarted "
+                "(restart the server once the cause, logged with each crash, is fixed)"
+            )
+            logger.error("stage %s replica %d %s", self.name, index, self.failures[index])
+            if all(self.dead):
+                logger.error("stage %s has no replica left: every request that needs it fails until the server is restarted", self.name)
             return
         self.restarts[index] += 1
-        logger.warning("stage %s replica %d crashed: restarting (%d/%d)", self.name, index, self.restarts[index], self.max_restarts)
+        logger.warning(
+            "stage %s replica %d crashed: restarting it (crash %d of at most %d within %s)",
+            self.name, index, len(crashes), self.max_restarts, _duration(self.restart_window_s),
+        )
         self.ready[index] = self._loop.create_future()
         self.load[index] = 0
         self.replicas[index] = self._make_replica(index)
@@ -163,8 +190,12 @@ class StageGroup:
         report = []
         for index, replica in enumerate(self.replicas):
             entry: dict[str, Any] = {"stage": self.name, "replica": index, "placement": replica.placement, "restarts": self.restarts[index]}
+            if self.dead[index]:
+                entry |= {"healthy": False, "ready": False, "state": "failed", "error": f"stage {self.name!r} replica {index} {self.failures.get(index, 'failed')}"}
+                report.append(entry)
+                continue
             if not (self.ready[index].done() and not self.ready[index].exception() and replica.alive()):
-                entry |= {"healthy": False, "ready": self.ready[index].done()}
+                entry |= {"healthy": False, "ready": False, "state": "restarting" if self.restarts[index] else "loading"}
                 report.append(entry)
                 continue
             token = next(self._ping_tokens)
@@ -173,10 +204,14 @@ class StageGroup:
             replica.send(m.Ping(token))
             try:
                 pong = await asyncio.wait_for(future, timeout)
-                entry |= {"healthy": True, "ready": True, "active_requests": pong.active_requests, **pong.stats}
+                entry |= {"healthy": True, "ready": True, "state": "ready", "active_requests": pong.active_requests, **pong.stats}
             except (asyncio.TimeoutError, StageError):
-                entry |= {"healthy": False, "ready": True}
+                entry |= {"healthy": False, "ready": True, "state": "unresponsive", "error": f"stage {self.name!r} replica {index} did not answer a ping within {timeout:g} s"}
             finally:
                 self._pings.pop(token, None)
             report.append(entry)
         return report
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"

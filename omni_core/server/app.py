@@ -16,8 +16,10 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from omni_core import __version__
 from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.media_access import MediaAccess
 from omni_core.server.errors import handle_exception
 from omni_core.server.metrics import ServerMetrics
+from omni_core.server.requests import max_prompt_chars as default_max_prompt_chars
 from omni_core.server.routes import ROUTES
 from omni_core.server.state import ServerState
 
@@ -73,10 +75,20 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     extra_routes: Sequence[Any] = (),
     url: str | None = None,
+    media: MediaAccess | None = None,
+    max_prompt_chars: int | None = None,
 ) -> Litestar:
-    """Build the OpenAI-compatible app; the engine starts in its lifespan and stops on shutdown."""
+    """Build the OpenAI-compatible app; the engine starts in its lifespan and stops on shutdown.
+
+    `media`: what media URLs in requests may reach (default: base64 ``data:`` URLs only);
+    `max_prompt_chars`: the longest prompt text, checked before tokenizing (default: from the
+    first AR stage's context, `omni_core.server.requests.max_prompt_chars`)."""
     name = model_name or engine.pipeline.model
-    server = ServerState(engine=engine, model_name=name, metrics=ServerMetrics(name, lambda: engine.num_active_requests), api_key=api_key)
+    server = ServerState(
+        engine=engine, model_name=name, metrics=ServerMetrics(name, lambda: engine.num_active_requests), api_key=api_key,
+        media=media or MediaAccess(),
+        max_prompt_chars=max_prompt_chars if max_prompt_chars is not None else default_max_prompt_chars(engine.pipeline),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -124,6 +136,8 @@ def run_server(
     overrides: Sequence[str] = (),
     plugins: Any = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    media: MediaAccess | None = None,
+    max_prompt_chars: int | None = None,
 ) -> None:
     """Resolve `model`, build the app and serve it with uvicorn until SIGINT/SIGTERM."""
     import uvicorn
@@ -134,5 +148,8 @@ def run_server(
     host_plugins = plugins if plugins is not None else default_plugins()
     engine = AsyncOmniEngine(resolve(model, deploy=deploy, overrides=overrides, plugins=host_plugins))
     url = f"http://{host}:{port}"
-    app = create_app(engine, model_name=model, api_key=api_key, max_body_bytes=max_body_bytes, extra_routes=plugin_routes(host_plugins), url=url)
+    app = create_app(
+        engine, model_name=model, api_key=api_key, max_body_bytes=max_body_bytes, extra_routes=plugin_routes(host_plugins), url=url,
+        media=media, max_prompt_chars=max_prompt_chars,
+    )
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)

@@ -63,6 +63,9 @@ def handle_exception(request: Request, exc: Exception) -> Response[bytes]:
     if isinstance(exc, ValidationException):
         message, param = _validation_message(exc)
         return error_response(400, message, "invalid_request_error", param)
+    if isinstance(exc, RecursionError) and "deserializing" in str(exc):
+        # msgspec's JSON decoder refuses nesting deeper than its recursion limit (``[[[[...``).
+        return error_response(400, "the request body's JSON is nested too deeply", "invalid_request_error", code="json_too_deep")
     if isinstance(exc, NotAuthorizedException):
         return error_response(401, str(exc.detail), "authentication_error", code="invalid_api_key")
     if isinstance(exc, HTTPException):

@@ -1,11 +1,14 @@
-"""Media URLs in chat content parts: ``data:`` URLs only, and vLLM's ``audio_url`` part.
+"""Media URLs in chat content parts: ``data:`` URLs (and what the operator allowed), and vLLM's
+``audio_url`` part.
 
 vLLM (and vLLM-Omni's example clients) send audio as ``{"type": "audio_url", "audio_url": {"url":
 ...}}``; OpenAI's part for it is ``input_audio`` (base64 data and a format). A ``data:`` URL is
 turned into the ``input_audio`` part here, once for every model family, so that input processors
-read one audio part. The server fetches no URL and reads no path for a client: vLLM does so only
-where its operator allowed it (``--allowed-local-media-path``, ``--allowed-media-domains``), which
-Omni does not implement yet, so any other URL is a 400 that says so.
+read one audio part. The server reads no path and fetches no URL for a client unless its operator
+allowed it, with vLLM's flags (``--allowed-local-media-path DIR``, ``--allowed-media-domains HOST
+...``: `omni_core.media_access`); an allowed ``file://`` or ``http(s)://`` URL is read here and
+replaced by the equivalent ``data:`` URL, so input processors see one shape. Any other URL is a 400
+naming the rule. `chat_messages` does blocking I/O for such URLs: call it in a thread.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import msgspec
 
+from omni_core.errors import InvalidRequestError
+from omni_core.media_access import MediaAccess, as_data_url
 from omni_core.server.errors import APIError
 from omni_core.server.protocol import ChatMessage
 
@@ -25,9 +30,10 @@ URL_PARTS = ("image_url", "audio_url", "video_url")
 AUDIO_FORMATS = {"mpeg": "mp3", "mp3": "mp3", "x-wav": "wav", "wave": "wav", "wav": "wav", "x-flac": "flac", "flac": "flac"}
 
 
-def chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as plain data for the input processor, every media URL checked and every
-    ``audio_url`` part turned into ``input_audio``."""
+def chat_messages(messages: Sequence[ChatMessage], access: MediaAccess = MediaAccess()) -> list[dict[str, Any]]:
+    """Messages as plain data for the input processor, every media URL a checked ``data:`` URL
+    (an allowed file or web resource read into one, `access`) and every ``audio_url`` part turned
+    into ``input_audio``."""
     plain: list[dict[str, Any]] = msgspec.to_builtins(messages)
     for i, message in enumerate(plain):
         content = message.get("content")
@@ -38,27 +44,19 @@ def chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             if kind not in URL_PARTS:
                 continue
             where = f"messages[{i}].content[{j}].{kind}.url"
-            url = part[kind]["url"]
-            check_data_url(url, where)
+            url = data_url(part[kind]["url"], access, where)
+            part[kind]["url"] = url
             if kind == "audio_url":
                 content[j] = audio_part(url, where)
     return plain
 
 
-def check_data_url(url: str, where: str) -> None:
-    """Raise a 400 unless `url` is a base64 ``data:`` URL."""
-    if not url.startswith("data:"):
-        shown = url if len(url) <= 80 else f"{url[:77]}..."
-        raise APIError(
-            400,
-            f"{where}: only data: URLs are accepted (data:<mime type>;base64,<data>), got {shown!r}. Fetching URLs "
-            "and reading local files is off unless the operator allows it, and Omni does not implement vLLM's "
-            "--allowed-local-media-path / --allowed-media-domains yet: send the media inline as a data: URL",
-            param=where,
-        )
-    header, comma, _ = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise APIError(400, f"{where}: data: URLs must be base64 encoded (data:<mime type>;base64,<data>)", param=where)
+def data_url(url: str, access: MediaAccess, where: str, param: str | None = None) -> str:
+    """`omni_core.media_access.as_data_url` with its refusal as a 400 (`param`: default `where`)."""
+    try:
+        return as_data_url(url, access, where)
+    except InvalidRequestError as exc:
+        raise APIError(400, str(exc), param=param or where) from None
 
 
 def audio_part(url: str, where: str) -> dict[str, Any]:

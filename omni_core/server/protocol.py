@@ -64,9 +64,12 @@ class StreamOptions(msgspec.Struct):
 class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/chat/completions``. `stage_params` (extension) carries parameters per named stage;
     `sampling_params_list` (as in vLLM-Omni) one dict of vLLM sampling parameters per stage, in
-    stage order (`omni_core.server.sampling_params_list`; `stage_params` wins per key);
-    `mm_processor_kwargs` (as in vLLM) options of the model family's multimodal input processing.
-    Media parts take base64 ``data:`` URLs only (`omni_core.server.media_urls`)."""
+    stage order (`omni_core.engine.sampling_params_list`; `stage_params` wins per key);
+    `mm_processor_kwargs` (as in vLLM) options of the model family's multimodal input processing;
+    `task` (extension) names the pipeline task of a family that declares tasks (else the
+    modalities pick it).
+    Media parts take base64 ``data:`` URLs, and the ``file://`` / ``http(s)://`` URLs the operator
+    allowed (`omni_core.server.media_urls`, `omni_core.media_access`)."""
 
     model: str
     messages: list[ChatMessage]
@@ -87,6 +90,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     user: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
+    task: str | None = None
     sampling_params_list: list[Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
 
@@ -121,8 +125,9 @@ class VideoRequest(msgspec.Struct, kw_only=True):
     `input_reference` is OpenAI's field for the first frame; `last_frame` and `references` are Omni's
     extensions: the last frame, and reference media in the order the model reads them (``{"type":
     "image", "image": URL}``, ``{"type": "audio", "audio": URL}``). Every medium is a base64 ``data:``
-    URL: the server never reads a path or fetches a URL for a client. A family that cannot take one
-    answers 400.
+    URL, or a ``file://`` / ``http(s)://`` URL the operator allowed (`omni_core.media_access`), which
+    the server reads into one; it reads no other path and fetches no other URL for a client. A family
+    that cannot take one answers 400.
     """
 
     model: str
@@ -165,10 +170,13 @@ class AudioOutput(msgspec.Struct):
 
 class AssistantMessage(msgspec.Struct, omit_defaults=True):
     """A chat completion's message. `role` and `content` are always in the body (``content`` null
-    when there is no text), as OpenAI sends them; `audio` only when audio was produced."""
+    when there is no text), as OpenAI sends them; `audio` only when audio was produced. When the
+    request asked for images (``"modalities": ["text", "image"]``, e.g. HunyuanImage-3.0's
+    think-then-draw), `content` is a list of parts, as a user message's: a ``text`` part, then one
+    ``image_url`` part per image with a base64 PNG ``data:`` URL."""
 
     role: Literal["assistant"]
-    content: str | None
+    content: Union[str, list[dict[str, Any]], None]
     audio: AudioOutput | None = None
 
 

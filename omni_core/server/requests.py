@@ -6,18 +6,28 @@ from typing import Any
 
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest, new_request_id
+from omni_core.media_access import MediaAccess
 from omni_core.server.errors import APIError
-from omni_core.server.media_urls import chat_messages
+from omni_core.server.media_urls import chat_messages, data_url
 from omni_core.server.protocol import (
     ChatCompletionRequest,
     ImageGenerationRequest,
     SpeechRequest,
     VideoRequest,
 )
-from omni_core.server.sampling_params_list import stage_params_from_list
+from omni_core.engine.sampling_params_list import stage_params_from_list
 
 # OpenAI sampling fields that go to the pipeline's first AR stage under the same names.
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+# A prompt's text is refused before it is tokenized when it is longer than this many characters per
+# token of the first AR stage's context: no tokenizer packs that much text into one token, so such a
+# prompt cannot fit, and tokenizing megabytes costs seconds of CPU for nothing.
+PROMPT_CHARS_PER_TOKEN = 32
+# The limit of a pipeline without an AR stage (or whose AR stage names no max_model_len).
+DEFAULT_MAX_PROMPT_CHARS = 1_000_000
+# The modalities a chat completion message carries (`message.content`, `message.audio`).
+CHAT_MODALITIES = ("text", "audio", "image")  # what a chat answer carries (images as content parts)
 
 
 def check_model(pipeline_model: str, served_name: str, requested: str) -> None:
@@ -27,6 +37,38 @@ def check_model(pipeline_model: str, served_name: str, requested: str) -> None:
 
 def first_ar_stage(pipeline: ResolvedPipeline) -> str | None:
     return next((s.name for s in pipeline.stages if s.kind == "ar"), None)
+
+
+def max_prompt_chars(pipeline: ResolvedPipeline) -> int:
+    """The longest prompt text (characters) this pipeline's requests may carry: the first AR
+    stage's ``max_model_len`` x `PROMPT_CHARS_PER_TOKEN`, else `DEFAULT_MAX_PROMPT_CHARS`."""
+    name = first_ar_stage(pipeline)
+    length = pipeline.stage(name).options.get("max_model_len") if name is not None else None
+    return int(length) * PROMPT_CHARS_PER_TOKEN if length else DEFAULT_MAX_PROMPT_CHARS
+
+
+def check_prompt_size(chars: int, limit: int | None, param: str) -> None:
+    """A 400 for a prompt longer than `limit` characters (``None``: no limit), before any tokenizing."""
+    if limit is not None and chars > limit:
+        raise APIError(
+            400,
+            f"the prompt is {chars} characters; this server takes at most {limit} (--max-prompt-chars; by default "
+            f"{PROMPT_CHARS_PER_TOKEN} characters per token of the model's context): shorten it",
+            param=param,
+            code="prompt_too_long",
+        )
+
+
+def message_chars(messages: list[Any]) -> int:
+    """The characters of text in chat messages (string contents and text parts)."""
+    total = 0
+    for message in messages:
+        content = message.content
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part.text) for part in content if getattr(part, "text", None) is not None)
+    return total
 
 
 def check_produces(pipeline: ResolvedPipeline, modality: str, route: str) -> None:
@@ -60,17 +102,26 @@ def stage_params(
     return params
 
 
-def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline) -> OmniRequest:
+def chat_default_modalities(pipeline: ResolvedPipeline) -> tuple[str, ...]:
+    """What a chat completion naming no `modalities` returns: the family's defaults (as vLLM-Omni,
+    every final output of the model: text and audio for Qwen3-Omni; an image for a text-to-image
+    family) when a chat message carries them all (text, audio, images as content parts); else
+    ``("text",)``: a family whose defaults are videos is asked for text here (its media route is
+    /v1/videos)."""
+    defaults = pipeline.default_modalities
+    return tuple(defaults) if defaults and all(m in CHAT_MODALITIES for m in defaults) else ("text",)
+
+
+def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media: MediaAccess = MediaAccess(), max_chars: int | None = None) -> OmniRequest:
+    """The request a chat completion body makes. Blocking (an allowed media URL is read, `media`):
+    call it in a thread."""
     if body.n != 1:
         raise APIError(400, "only n=1 is supported", param="n")
     if not body.messages:
         raise APIError(400, "messages must not be empty", param="messages")
+    check_prompt_size(message_chars(body.messages), max_chars, "messages")
     listed = stage_params_from_list(pipeline, body.sampling_params_list) if body.sampling_params_list is not None else None
-    # A vLLM-Omni client that sends parameters for every stage expects every stage to run (its
-    # Qwen3-Omni example names no modalities and reads text and audio): without `modalities` it
-    # gets all the pipeline produces. Plain OpenAI requests keep OpenAI's default, text.
-    default = pipeline.modalities if listed is not None else ("text",)
-    modalities = tuple(body.modalities or default)
+    modalities = tuple(body.modalities or chat_default_modalities(pipeline))
     for modality in modalities:
         if modality not in pipeline.modalities:
             raise APIError(400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}", param="modalities", code="unsupported_modality")
@@ -86,16 +137,18 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline) -> Omn
     if body.mm_processor_kwargs:
         extra["mm_processor_kwargs"] = dict(body.mm_processor_kwargs)
     return OmniRequest(
-        messages=chat_messages(body.messages),
+        messages=chat_messages(body.messages, media),
         modalities=modalities,
         params=stage_params(pipeline, sampling, body.stage_params, listed),
+        task=body.task,
         extra=extra,
         request_id=f"chatcmpl-{new_request_id()[4:]}",
     )
 
 
-def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline) -> OmniRequest:
+def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline, max_chars: int | None = None) -> OmniRequest:
     check_produces(pipeline, "audio", "/v1/audio/speech")
+    check_prompt_size(len(body.input) + len(body.instructions or ""), max_chars, "input")
     if not body.input.strip():
         raise APIError(400, "input must not be empty", param="input")
     extra: dict[str, Any] = {"task": "speech"}
@@ -106,8 +159,9 @@ def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline) -> OmniReque
     return OmniRequest(prompt=body.input, modalities=("audio",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"speech-{new_request_id()[4:]}")
 
 
-def image_request(body: ImageGenerationRequest, pipeline: ResolvedPipeline) -> OmniRequest:
+def image_request(body: ImageGenerationRequest, pipeline: ResolvedPipeline, max_chars: int | None = None) -> OmniRequest:
     check_produces(pipeline, "image", "/v1/images/generations")
+    check_prompt_size(len(body.prompt), max_chars, "prompt")
     if not 1 <= body.n <= 8:
         raise APIError(400, "n must be between 1 and 8", param="n")
     extra: dict[str, Any] = {"n": body.n}
@@ -118,8 +172,11 @@ def image_request(body: ImageGenerationRequest, pipeline: ResolvedPipeline) -> O
     return OmniRequest(prompt=body.prompt, modalities=("image",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"img-{new_request_id()[4:]}")
 
 
-def video_request(body: VideoRequest, pipeline: ResolvedPipeline) -> OmniRequest:
+def video_request(body: VideoRequest, pipeline: ResolvedPipeline, media: MediaAccess = MediaAccess(), max_chars: int | None = None) -> OmniRequest:
+    """The request a video body makes. Blocking (an allowed media URL is read, `media`): call it
+    in a thread."""
     check_produces(pipeline, "video", "/v1/videos")
+    check_prompt_size(len(body.prompt), max_chars, "prompt")
     extra: dict[str, Any] = {}
     if body.size:
         extra["size"] = parse_size(body.size)
@@ -133,15 +190,22 @@ def video_request(body: VideoRequest, pipeline: ResolvedPipeline) -> OmniRequest
     for field, key in (("input_reference", "image"), ("last_frame", "last_image")):
         value = getattr(body, field)
         if value is not None:
+            value = data_url(value, media, field)
             if not value.startswith("data:image/"):
-                raise APIError(400, f"{field} must be a base64 data URL (data:image/png;base64,...); paths and URLs are not fetched", param=field)
+                raise APIError(400, f"{field} must be an image (data:image/png;base64,...)", param=field)
             extra[key] = value
     if body.references is not None:
+        references = []
         for index, reference in enumerate(body.references):
-            media = {k: v for k, v in reference.items() if k not in ("type", "sample_rate")}
-            if not all(isinstance(v, str) and v.startswith("data:") for v in media.values()):
-                raise APIError(400, f"references[{index}]: media must be base64 data URLs; paths and URLs are not fetched", param="references")
-        extra["references"] = body.references
+            resolved = dict(reference)
+            for name, value in reference.items():
+                if name in ("type", "sample_rate"):
+                    continue
+                if not isinstance(value, str):
+                    raise APIError(400, f"references[{index}].{name} must be a base64 data: URL", param="references")
+                resolved[name] = data_url(value, media, f"references[{index}].{name}", param="references")
+            references.append(resolved)
+        extra["references"] = references
     return OmniRequest(prompt=body.prompt, modalities=("video",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"video_{new_request_id()[4:]}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -79,7 +80,8 @@ class ChatController(Controller):
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
     async def create(self, data: Annotated[ChatCompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = chat_request(data, server.engine.pipeline)
+        # In a thread: an allowed media URL is read or fetched here (blocking I/O).
+        omni_request = await asyncio.to_thread(chat_request, data, server.engine.pipeline, server.media, server.max_prompt_chars)
         audio_format = data.audio.format if data.audio else "wav"
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream:
@@ -90,7 +92,10 @@ class ChatController(Controller):
         if result.audio is not None:
             encoded, _ = encode_audio(result.audio, result.sample_rate or 24000, audio_format)
             audio = AudioOutput(id=f"audio_{uuid.uuid4().hex[:16]}", data=b64(encoded), expires_at=int(time.time()) + 3600, transcript=result.text)
-        message = AssistantMessage(role="assistant", content=result.text, audio=audio)
+        content: str | list[dict[str, Any]] | None = result.text
+        if result.images:
+            content = [{"type": "text", "text": result.text or ""}, *await asyncio.to_thread(_image_parts, result.images)]
+        message = AssistantMessage(role="assistant", content=content, audio=audio)
         body = ChatCompletion(
             id=omni_request.request_id,
             created=int(time.time()),
@@ -99,6 +104,12 @@ class ChatController(Controller):
             usage=_usage(tracked),
         )
         return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+def _image_parts(images: list[Any]) -> list[dict[str, Any]]:
+    """Output images as chat content parts: ``image_url`` with a base64 PNG ``data:`` URL (PNG
+    encoding takes a while for a large image: call it off the event loop)."""
+    return [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(encode_png(image))}"}} for image in images]
 
 
 async def _chat_events(tracked: Tracked, deltas: AsyncIterator[OutputDelta], model: str, include_usage: bool) -> AsyncIterator[str]:
@@ -116,6 +127,9 @@ async def _chat_events(tracked: Tracked, deltas: AsyncIterator[OutputDelta], mod
                 yield chunk({"content": delta.data["text"]})
             elif delta.modality == "audio" and delta.data.get("audio") is not None and len(delta.data["audio"]):
                 yield chunk({"audio": {"id": audio_id, "data": b64(pcm16(delta.data["audio"])), "sample_rate": delta.data.get("sample_rate")}})
+            elif delta.modality == "image" and delta.data.get("image") is not None:
+                images = delta.data["image"] if isinstance(delta.data["image"], list) else [delta.data["image"]]
+                yield chunk({"content": await asyncio.to_thread(_image_parts, images)})
     except Exception as exc:  # the stream has started: report in-band, then end it
         yield _error_event(exc)
         yield "[DONE]"
@@ -133,7 +147,7 @@ class AudioController(Controller):
     @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
     async def speech(self, data: Annotated[SpeechRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline), server.metrics)
+        tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline, server.max_prompt_chars), server.metrics)
         if data.stream_format == "sse":
             return ServerSentEvent(_speech_events(tracked, await tracked.open_stream()))
         result = await tracked.run_while_connected(request.receive)
@@ -161,7 +175,7 @@ class ImagesController(Controller):
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        tracked = await Tracked.start_request(server.engine, image_request(data, server.engine.pipeline), server.metrics)
+        tracked = await Tracked.start_request(server.engine, image_request(data, server.engine.pipeline, server.max_prompt_chars), server.metrics)
         result = await tracked.run_while_connected(request.receive)
         return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(encode_png(image))) for image in result.images])
 
@@ -173,7 +187,7 @@ class VideosController(Controller):
     @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job")
     async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        request = video_request(data, server.engine.pipeline)
+        request = await asyncio.to_thread(video_request, data, server.engine.pipeline, server.media, server.max_prompt_chars)
         tracked = await Tracked.start_request(server.engine, request, server.metrics)
         return server.videos.start(tracked, server.model_name, data.prompt)
 
@@ -195,7 +209,11 @@ async def list_models(server: ServerState) -> ModelList:
 async def health(server: ServerState) -> Response[Any]:
     replicas = await server.engine.health()
     healthy = bool(replicas) and all(r.get("healthy") for r in replicas)
-    return Response({"status": "ok" if healthy else "unhealthy", "replicas": replicas}, status_code=200 if healthy else 503)
+    body: dict[str, Any] = {"status": "ok" if healthy else "unhealthy", "replicas": replicas}
+    if not healthy:
+        # What a probe's log shows: one line per replica that is down, naming its stage and why.
+        body["errors"] = [r.get("error") or f"stage {r['stage']!r} replica {r['replica']} is {r.get('state', 'not ready')}" for r in replicas if not r.get("healthy")]
+    return Response(body, status_code=200 if healthy else 503)
 
 
 @get("/metrics", tags=["metrics"], summary="Prometheus metrics", media_type="text/plain; version=0.0.4")

@@ -7,17 +7,22 @@ import time
 import attrs
 
 from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.media_access import MediaAccess
 from omni_core.server.metrics import ServerMetrics
 from omni_core.server.videos import VideoJobs
 
 
 @attrs.define
 class ServerState:
-    """What the routes share: the engine, the served name, metrics and video jobs."""
+    """What the routes share: the engine, the served name, metrics, video jobs, what media URLs may
+    reach (`media`, the operator's ``--allowed-local-media-path`` / ``--allowed-media-domains``) and
+    the largest prompt in characters (`max_prompt_chars`, checked before tokenizing)."""
 
     engine: AsyncOmniEngine
     model_name: str
     metrics: ServerMetrics
     api_key: str | None
     videos: VideoJobs = attrs.field(factory=VideoJobs)
+    media: MediaAccess = attrs.field(factory=MediaAccess)
+    max_prompt_chars: int | None = None
     created: int = attrs.field(factory=lambda: int(time.time()))

@@ -78,6 +78,9 @@ class ARModel(Part):
       starts as soon as its input allows one token, so its prompt is prefilled while more input
       streams in. Its prompts must be token ids (`make_prompt`); a model class that needs
       embeddings puts them in from its side inputs.
+    - `request_params`: per-request parameters the model takes besides vLLM's sampling parameters
+      (a `sampling_params` override takes them out); the engine refuses any other parameter
+      before the request starts, even where the stage runs after others.
 
     The base class as it is serves "this checkpoint directory, as vLLM loads it": a stage whose
     ``model`` is ``"omni_core.stages.ar_model:ARModel"`` needs no code of its own.
@@ -97,6 +100,7 @@ class ARModel(Part):
     hidden_state_layers: Mapping[str, int | None] = types.MappingProxyType({})
     streamed_input: bool = False
     resumable: bool = False
+    request_params: frozenset[str] = frozenset()
 
     @property
     def capture_layers(self) -> dict[str, int | None]:

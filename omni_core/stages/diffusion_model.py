@@ -77,9 +77,13 @@ class DiffusionModel(Part, abc.ABC):
     """What a ``diffusion`` stage's model part does.
 
     `max_steps` bounds a request's denoising steps (more is rejected before any work starts).
+    `request_params`: the names of the per-request parameters `prepare` takes (the runtime's own
+    ``cache`` is always taken); the engine refuses any other before the request starts, even where
+    the stage runs after others. ``None``: not declared, `prepare` alone checks them.
     """
 
     max_steps: int = 1000
+    request_params: frozenset[str] | None = None
 
     @abc.abstractmethod
     def load(self, spec: LoadSpec) -> None:

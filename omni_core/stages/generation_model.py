@@ -102,9 +102,13 @@ class GenerationModel(Part, abc.ABC):
       tail is lost, as in the reference. Chunks never cross a segment boundary and their context
       never reaches before the segment's own, so any chunking equals the reference. None: one
       segment (the whole request).
+    - `request_params`: the names of the per-request parameters the model takes (`check_params`
+      sees them); the engine refuses any other before the request starts, even where the stage
+      runs after others. ``None``: not declared, `check_params` alone checks them.
     """
 
     input_key: str = "codes"
+    request_params: frozenset[str] | None = None
     output_key: str = "audio"
     chunk_size: int = 25
     left_context: int = 0

@@ -71,7 +71,7 @@ OMNI_PROCESS_ENV = "OMNI_VLLM_PROCESS"
 
 # SamplingParams arguments that the runtime owns (output kind, per-request bookkeeping) or that
 # would break the one-stream-per-request contract of a stage (n > 1 fans out into several).
-_RESERVED_SAMPLING_KEYS = frozenset({"output_kind", "extra_args", "skip_clone", "n", "detokenize"})
+RESERVED_SAMPLING_KEYS = frozenset({"output_kind", "extra_args", "skip_clone", "n", "detokenize"})
 
 
 def check_vllm_version() -> str:
@@ -245,7 +245,7 @@ def sampling_param_names() -> frozenset[str]:
     from vllm import SamplingParams
 
     names = set(inspect.signature(SamplingParams.from_optional).parameters) - {"self", "cls"}
-    return frozenset(names - _RESERVED_SAMPLING_KEYS)
+    return frozenset(names - RESERVED_SAMPLING_KEYS)
 
 
 def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingParams:
@@ -260,7 +260,7 @@ def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingPar
 
     allowed = sampling_param_names()
     for key in params:
-        if key in _RESERVED_SAMPLING_KEYS:
+        if key in RESERVED_SAMPLING_KEYS:
             raise InvalidRequestError(
                 f"sampling parameter {key!r} is set by the 'ar' stage itself (one output stream per "
                 "request; streaming from the deploy config): remove it from the request",

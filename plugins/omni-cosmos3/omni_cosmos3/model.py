@@ -42,7 +42,7 @@ from omni_cosmos3 import diffusers_private
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
 from omni_cosmos3.scheduling import scheduler_step
-from omni_cosmos3.tasks import TASKS, ActionSpec, Request, parse_request
+from omni_cosmos3.tasks import PARAMS, TASKS, ActionSpec, Request, parse_request
 from omni_cosmos3.vae2d import SingleFrameDecoder
 
 
@@ -53,7 +53,8 @@ DIFFUSERS_REQUIREMENT = "diffusers>=0.40,<0.43"
 class Cosmos3Model(DiffusionModel):
     """The ``generator`` stage's model part (also its factory: ``Cosmos3Model(context)``)."""
 
-    max_steps = 1000
+    max_steps = 200  # the multistep scheduler's step update fails further (IndexError at 400 steps)
+    request_params = PARAMS
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)

@@ -13,6 +13,7 @@ a real one: images 32x32 tokens (1024x1024 on the released checkpoints), videos 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import attrs
@@ -79,11 +80,9 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
     Raises `InvalidRequestError` naming the parameter: unknown task, a size not divisible by
     `pixels_per_token` (VAE downsampling x patch size), zero or negative steps, a bad seed ...
     """
-    known = {"task", "num_inference_steps", "guidance_scale", "negative_prompt", "fps", "num_frames", "seed",
-             "use_system_prompt", "size", "seconds", "n", *ACTION_FIELDS}
-    unknown = sorted(set(params) - known)
+    unknown = sorted(set(params) - PARAMS)
     if unknown:
-        raise InvalidRequestError(f"unknown Cosmos3 parameters {unknown}; known: {sorted(known)}", param=unknown[0])
+        raise InvalidRequestError(f"unknown Cosmos3 parameters {unknown}; known: {sorted(PARAMS)}", param=unknown[0])
     merged = {**data, **params}
     task = merged.get("task") or "t2i"
     if task not in TASKS:
@@ -129,6 +128,11 @@ def parse_request(data: dict[str, Any], params: dict[str, Any], pixels_per_token
 
 
 ACTION_FIELDS = ("domain", "chunk_size", "resolution_tier", "view_point", "image", "video")
+# The generator stage's per-request parameters (`Cosmos3Model.request_params`).
+PARAMS = frozenset(
+    {"task", "num_inference_steps", "guidance_scale", "negative_prompt", "fps", "num_frames", "seed",
+     "use_system_prompt", "size", "seconds", "n", *ACTION_FIELDS}
+)
 
 
 def _size(task: str, merged: dict[str, Any], pixels_per_token: int) -> tuple[int, int]:
@@ -187,39 +191,83 @@ def _action(task: str, merged: dict[str, Any], temporal_factor: int) -> ActionSp
 
 
 def load_image(value: Any) -> Any:
-    """An image as a PIL RGB image: a PIL image, an HxWx3 uint8 array or a file path."""
+    """An image as a PIL RGB image: a PIL image, an HxWx3 uint8 array, encoded image bytes, a base64
+    ``data:image/...`` URL or (offline only: JSON has no such type) a `pathlib.Path`.
+
+    A string is never opened as a path or fetched: a request's string is its data (a server
+    resolves what its operator allowed into a data URL first, `omni_core.media_access`). Sizes are
+    checked from the header before decoding (`omni_core.media_decode`).
+    """
     from PIL import Image
+
+    from omni_core.media_decode import open_image
 
     if isinstance(value, Image.Image):
         return value.convert("RGB")
-    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
-        try:
-            with Image.open(value) as opened:
-                return opened.convert("RGB")
-        except (OSError, ValueError) as exc:
-            raise InvalidRequestError(f"cannot read image {value!r}: {exc}", param="image") from None
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return open_image(_media_bytes(value, "image"), "image")
     array = _uint8_frames(value, 3, "image")
     return Image.fromarray(array)
 
 
 def load_video(value: Any) -> list[Any]:
-    """A video as PIL RGB frames: a list of images, a TxHxWx3 uint8 array or a video file path."""
+    """A video as PIL RGB frames: a list of images, a TxHxWx3 uint8 array, encoded video bytes, a
+    base64 ``data:video/...`` URL or (offline only) a `pathlib.Path`; the frame size and count are
+    checked from the container before decoding and while decoding."""
     from PIL import Image
 
-    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
-        try:
-            import av
-
-            with av.open(value) as container:
-                frames = [frame.to_image().convert("RGB") for frame in container.decode(video=0)]
-        except (OSError, ValueError, av.error.FFmpegError) as exc:
-            raise InvalidRequestError(f"cannot read video {value!r}: {exc}", param="video") from None
+    if isinstance(value, (str, bytes, os.PathLike)):
+        frames = _decode_video(_media_bytes(value, "video"))
     elif isinstance(value, (list, tuple)):
         frames = [load_image(frame) for frame in value]
     else:
         frames = [Image.fromarray(frame) for frame in _uint8_frames(value, 4, "video")]
     if not frames:
         raise InvalidRequestError("the video has no frames", param="video")
+    return frames
+
+
+def _media_bytes(value: str | bytes | os.PathLike, name: str) -> bytes:
+    """The encoded bytes of a medium given as a data URL, bytes or a `pathlib.Path`."""
+    from omni_core.media_access import data_url_bytes
+
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        if value[:5].lower() != "data:":
+            shown = value if len(value) <= 60 else f"{value[:57]}..."
+            raise InvalidRequestError(
+                f"{name} must be a base64 data URL (data:{'image/png' if name == 'image' else 'video/mp4'};base64,...), got "
+                f"{shown!r}: a string is never opened as a path or URL (offline, pass an array, PIL image(s) or a pathlib.Path)",
+                param=name,
+            )
+        return data_url_bytes(value, name)[1]
+    try:
+        with open(value, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read {name} {os.fspath(value)!r}: {exc.strerror}", param=name) from None
+
+
+def _decode_video(raw: bytes) -> list[Any]:
+    import io
+
+    import av
+
+    from omni_core.media_decode import check_frame_count, check_video_stream
+
+    frames: list[Any] = []
+    try:
+        with av.open(io.BytesIO(raw)) as container:
+            if not container.streams.video:
+                raise InvalidRequestError("the video has no video stream", param="video")
+            stream = container.streams.video[0]
+            check_video_stream(stream, "video")
+            for frame in container.decode(stream):
+                check_frame_count(len(frames) + 1, frame.width, frame.height, "video")
+                frames.append(frame.to_image().convert("RGB"))
+    except (OSError, ValueError, av.error.FFmpegError) as exc:
+        raise InvalidRequestError(f"cannot decode the video: {exc}", param="video") from None
     return frames
 
 
@@ -230,7 +278,7 @@ def _uint8_frames(value: Any, ndim: int, name: str) -> Any:
     shape = "TxHxWx3" if ndim == 4 else "HxWx3"
     if array is None or array.ndim != ndim or array.shape[-1] != 3 or array.dtype != np.uint8 or 0 in array.shape:
         got = f"an array of shape {array.shape} and dtype {array.dtype}" if array is not None else repr(value)
-        raise InvalidRequestError(f"{name} must be a {shape} uint8 array, a file path or PIL image(s); got {got}", param=name)
+        raise InvalidRequestError(f"{name} must be a {shape} uint8 array, a data: URL or PIL image(s); got {got}", param=name)
     return array
 
 

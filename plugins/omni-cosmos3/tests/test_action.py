@@ -3,6 +3,8 @@ run alone with a `CosmosActionCondition` on the same tiny checkpoint and seed.""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from typing import Any
 
@@ -128,6 +130,10 @@ def test_bad_action_parameters_are_rejected_before_work(pipeline):
         ({"resolution_tier": 300}, "resolution_tier"),
         ({"view_point": "top"}, "view_point"),
         ({"size": (32, 32)}, "size"),
+        # A string is a data URL, never a path or a URL the stage would open or fetch.
+        ({"image": "/etc/passwd"}, "image"),
+        ({"image": "http://127.0.0.1:9/frame.png"}, "image"),
+        ({"image": None, "video": "file:///etc/passwd"}, "video"),
     ]
     for change, param in bad:
         item = action_request("policy", seed=1, conditioning=image)
@@ -163,9 +169,11 @@ def test_actions_reach_the_user_and_the_cli(tmp_path, pipeline, batched):
     assert summary["actions"]["shape"] == [4, 10]
     np.testing.assert_allclose(np.load(summary["actions"]["path"]), result.actions)
 
-    path = tmp_path / "frame.png"
-    Image.fromarray(image).save(path)
-    params = {"generator": {**REQUESTS["policy"].params, "image": str(path), "seed": 1}}
+    # A request's image is a base64 data URL (a string is never opened as a path).
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    params = {"generator": {**REQUESTS["policy"].params, "image": url, "seed": 1}}
     cli_out = CliRunner().invoke(
         cli, ["generate", MODEL, "--prompt", "A robot arm picks up a blue cube", "--modalities", "action", "--json",
               "--set", "generator.placement=inline", "--stage-params", json.dumps(params)],

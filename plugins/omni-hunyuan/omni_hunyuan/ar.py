@@ -2,8 +2,9 @@
 
 Registers the out-of-tree model class through vLLM's public registry, points vLLM at a derived config
 transformers can read (the release config's type is unknown to transformers and its ``auto_map`` names
-remote code we never run), and builds the ``pretrain`` template's prompt, ``<bos> prompt``, with ids
-from the checkpoint's tokenizer.
+remote code we never run), and builds the prompt with ids from the checkpoint's tokenizer: the
+``pretrain`` template's ``<bos> prompt`` (``t2t``), or for think/recaption-then-draw (input
+``bot_task``) the ``instruct`` template's ``<bos>User: prompt\n\nAssistant: <think>``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class HunyuanAR(ARModel):
     """Text out from HunyuanImage-3.0 (``t2t``), greedy by default as the release generates text."""
 
     architectures = types.MappingProxyType({ARCHITECTURE: "omni_hunyuan.vllm_model:HunyuanImage3ForVLLM"})
+    # The ratio step of think/recaption-then-draw, on vLLM's logits-processor extension point.
+    engine_overrides = types.MappingProxyType({"logits_processors": ["omni_hunyuan.ratio_tail:RatioTail"]})
 
     def engine_args(self) -> dict[str, Any]:
         from omni_hunyuan.vllm_model import vllm_config_dir
@@ -37,10 +40,26 @@ class HunyuanAR(ARModel):
 
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
         data = stage_input.data
+        if isinstance(data.get("prompt"), str) and data.get("bot_task") is not None:
+            from omni_hunyuan.prompt import instruct_prompt_ids
+
+            return {"prompt_token_ids": instruct_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], data["bot_task"])}
         if isinstance(data.get("prompt"), str) and data.get("prompt_token_ids") is None:
             ids = self.hf_tokenizer.encode(data["prompt"], add_special_tokens=False)
             return {"prompt_token_ids": [int(self.hf_tokenizer.bos_token_id), *ids]}
         return super().make_prompt(stage_input)
+
+    def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> Any:
+        """vLLM's parameters, plus the ratio step's settings (the input processor's ``ratio_tail``,
+        `omni_hunyuan.ratio_tail`) in ``extra_args`` where the logits processor reads them."""
+        from omni_hunyuan.ratio_tail import TAIL_ARG
+        from omni_hunyuan.resolution import RATIO_TAIL_PARAM
+
+        tail = params.get(RATIO_TAIL_PARAM)
+        sampling = super().sampling_params({k: v for k, v in params.items() if k != RATIO_TAIL_PARAM}, delta=delta)
+        if tail is not None:
+            sampling.extra_args = {**(sampling.extra_args or {}), TAIL_ARG: tail}
+        return sampling
 
     @functools.cached_property
     def hf_tokenizer(self) -> Any:
@@ -48,3 +67,11 @@ class HunyuanAR(ARModel):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(self.context.model_path)
+
+    @functools.cached_property
+    def special_tokens(self) -> Any:
+        from omni_hunyuan.config import HunyuanConfig
+        from omni_hunyuan.tokens import SpecialTokens
+
+        base = HunyuanConfig.from_pretrained(self.context.model_path).image_base_size
+        return SpecialTokens.from_tokenizer(self.hf_tokenizer, base)

@@ -1,5 +1,11 @@
 """The ``dit`` stage: text-to-image on the core diffusion runtime, with our transformer and sampler.
 
+Input: a ``prompt`` (task ``t2i``: the request's), or the ``ar`` stage's prompt, reasoning and ratio
+step as token ids (``think_t2i``/``recaption_t2i``, `ReasoningAdapter`). The size: the request's
+``size``, one of the checkpoint's resolution table (`omni_hunyuan.resolution`); else the ratio the
+``ar`` stage picked; else (``t2i``, or reasoning cut short) the model picks the ratio token here, its
+logits limited to the ratio tokens of drawable sizes (as the release's ratio step).
+
 Per request: the prompt's token rows (cond, plus uncond under CFG) are encoded ONCE into a text-prefix
 KV cache (`start`); every step then runs only ``<timestep>`` and the image tokens. Requests at
 different steps and with prompts of different lengths share one forward (`denoise`): their caches are
@@ -19,9 +25,10 @@ import torch
 from omni_core.errors import InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
-from omni_hunyuan.prompt import t2i_rows
+from omni_hunyuan.prompt import image_rows, reasoned_text_ids
+from omni_hunyuan.resolution import drawable, ratio_index, ratio_sizes
 from omni_hunyuan.sampler import flow_sigmas, initial_noise
-from omni_hunyuan.tokens import NUM_BASE_RATIOS, SpecialTokens
+from omni_hunyuan.tokens import SpecialTokens
 from omni_hunyuan.transformer import PrefixCache
 
 
@@ -34,20 +41,12 @@ class _State:
     cache: PrefixCache | None = None
 
 
-def square_ratio_index() -> int:
-    """The 1:1 entry of the base release's 33 ratios (the middle one).
-
-    The rest of the release's resolution table is not implemented yet (issue 25): until it is, the
-    stage draws square images at the checkpoint's ``image_base_size``.
-    """
-    return NUM_BASE_RATIOS // 2
-
-
 class HunyuanDiT(DiffusionModel):
     """Text -> image with HunyuanImage-3.0's own transformer; stage params ``seed``, ``size``
     ([width, height]), ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config)."""
 
     max_steps = 200
+    request_params = frozenset({"seed", "size", "num_inference_steps", "guidance_scale"})
 
     def load(self, spec: LoadSpec) -> None:
         from transformers import AutoTokenizer
@@ -64,35 +63,28 @@ class HunyuanDiT(DiffusionModel):
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, self.config.image_base_size)
         template = self.defaults.get("sequence_template", "pretrain")
-        if template != "pretrain":
-            # The instruct template (chat roles, think/recaption) is the AR->DiT task's, not built yet.
-            raise NotImplementedError(f"sequence_template {template!r}: only 'pretrain' is implemented")
+        if template not in ("pretrain", "instruct"):
+            raise NotImplementedError(f"sequence_template {template!r}: only 'pretrain' and 'instruct' are implemented")
+        base = self.config.image_base_size
+        self.num_ratios = len(self.tokens.ratios)
+        self.drawable = drawable(base, self.num_ratios, self.config.vae_downsample)
 
     def _param(self, data: dict[str, Any], params: dict[str, Any], key: str, default: Any) -> Any:
         return params.get(key, data.get(key, default))
 
     def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
-        prompt = data.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
-        base = self.config.image_base_size
-        try:
-            width, height = (int(v) for v in self._param(data, params, "size", (base, base)))
-        except (TypeError, ValueError):
-            raise InvalidRequestError("size must be [width, height]", param="size") from None
-        if (width, height) != (base, base):
-            raise InvalidRequestError(
-                f"size: this checkpoint draws {base}x{base} images for now (its resolution table is not implemented)",
-                param="size",
-            )
+        text_ids, picked = self._text_ids(data)
         steps = int(self._param(data, params, "num_inference_steps", self.defaults.get("diff_infer_steps", 50)))
         if not 1 <= steps <= self.max_steps:
             raise InvalidRequestError(f"num_inference_steps must be in 1..{self.max_steps}, got {steps}", param="num_inference_steps")
         guidance = float(self._param(data, params, "guidance_scale", self.defaults.get("diff_guidance_scale", 5.0)))
         seed = self._param(data, params, "seed", None)
         seed = random.randrange(2**31) if seed is None else int(seed)
+        size = self._param(data, params, "size", None)
+        ratio = picked if size is None and picked is not None else self._ratio(size, text_ids)
+        width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
         side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
-        rows = t2i_rows(self.tokenizer, self.tokens, prompt, square_ratio_index(), side_h, side_w, cfg=guidance > 1.0)
+        rows = image_rows(self.tokens, text_ids, ratio, side_h, side_w, cfg=guidance > 1.0)
         state = _State(
             prefix_ids=rows.prefix.to(self.device),
             latents=initial_noise(seed, self.config.latent_channels, side_h, side_w, self.device),
@@ -100,6 +92,37 @@ class HunyuanDiT(DiffusionModel):
             guidance_scale=guidance,
         )
         return [DiffusionSample(request_id, 0, steps, (side_h, side_w), state)]
+
+    def _text_ids(self, data: dict[str, Any]) -> tuple[list[int], int | None]:
+        """``<bos> prompt`` (t2i), or the ``ar`` stage's prompt, reasoning and ``<answer>`` with the
+        ratio its ratio step picked (None: none picked)."""
+        if data.get("prompt_token_ids") is not None:
+            return reasoned_text_ids(self.tokens, list(data["prompt_token_ids"]), list(data.get("token_ids") or ()))
+        prompt = data.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
+        return [self.tokens.bos, *self.tokenizer.encode(prompt, add_special_tokens=False)], None
+
+    def _ratio(self, size: Any, text_ids: list[int]) -> int:
+        """The ratio index of the requested `size`, or the model's pick after the text."""
+        if size is None:
+            return self.pick_ratio(text_ids)
+        try:
+            width, height = (int(v) for v in size)
+        except (TypeError, ValueError):
+            raise InvalidRequestError("size must be [width, height]", param="size") from None
+        try:
+            return ratio_index((width, height), self.config.image_base_size, self.num_ratios, self.config.vae_downsample)
+        except ValueError as exc:
+            raise InvalidRequestError(f"size: {exc}", param="size") from None
+
+    @torch.no_grad()
+    def pick_ratio(self, text_ids: list[int]) -> int:
+        """The ratio token the model ranks first after ``text <boi> <img_size>``, among drawable sizes."""
+        ids = torch.tensor([[*text_ids, self.tokens.boi, self.tokens.size]], device=self.device)
+        logits, _ = self.transformer.text_forward(ids)
+        allowed = torch.tensor([self.tokens.ratios[i] for i in self.drawable], device=self.device)
+        return self.drawable[int(logits[0, -1, allowed].argmax())]
 
     def start(self, samples: list[DiffusionSample]) -> None:
         for sample in samples:

@@ -1,50 +1,98 @@
-"""The HunyuanImage-3.0 family's pipeline (first part of issue 25): two independent stages.
+"""The HunyuanImage-3.0 family's pipeline: stages ``ar`` -> ``dit`` and four tasks over them.
 
-- ``ar`` (kind ``ar``, `omni_hunyuan.ar.HunyuanAR`): text out on vLLM (``t2t``), an out-of-tree vLLM
-  model class of our own; modalities ``["text"]``.
-- ``dit`` (kind ``diffusion``, `omni_hunyuan.dit.HunyuanDiT`): text -> image (``t2i``); stage
-  parameters ``seed``, ``size`` ([width, height]), ``num_inference_steps``, ``guidance_scale``, with
-  defaults and prompt template from the checkpoint's generation_config; modalities ``["image"]``.
+- ``ar`` (kind ``ar``, `omni_hunyuan.ar.HunyuanAR`): text on vLLM, an out-of-tree vLLM model class of
+  our own.
+- ``dit`` (kind ``diffusion``, `omni_hunyuan.dit.HunyuanDiT`): the image; stage parameters ``seed``,
+  ``size`` ([width, height], one of the checkpoint's resolution table; unset: the model picks),
+  ``num_inference_steps``, ``guidance_scale``, defaults from the checkpoint's generation_config.
 
-A request runs only the stage whose modality it asks for (the core's active-stage selection), so
-``t2t`` never touches the DiT and ``t2i`` never the AR stage. What is not here yet (issue 25):
-``think_t2i`` (ar -> dit, with the ratio picked by the AR stage), the ``task`` parameter, and one copy
-of the weights for both stages (each stage loads its own until the core has shared-model stages).
+Tasks (the core's paths per request; `modalities` pick one, a ``task`` field or stage parameter
+names one):
+
+| task | stages | modalities |
+|---|---|---|
+| ``t2t`` | ar | text |
+| ``t2i`` | dit (the request's prompt) | image |
+| ``think_t2i`` | ar -> dit: ``<think>`` reasoning and the ratio step, then the image after it | text, image |
+| ``recaption_t2i`` | ar -> dit: ``<recaption>`` rewritten prompt, then the image | text, image |
+
+Each stage still loads its own copy of the weights (shared-model stages are not in the core yet).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from omni_core.config.pipeline import PipelineConfig, StageSpec
+from omni_hunyuan.resolution import RATIO_TAIL_PARAM
+
+from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskSpec
 from omni_core.engine.inputs import last_user_text
 from omni_core.errors import InvalidRequestError
-from omni_core.outputs import StageInput
-from omni_core.parts import InputProcessor
+from omni_core.outputs import Chunk, StageInput
+from omni_core.parts import EdgeAdapter, InputProcessor
 
 STAGE = "dit"
 AR_STAGE = "ar"
 DEFAULT_DEPLOY = "omni_hunyuan:deploy/default.yaml"
 EXTRA_FIELDS = ("size", "seed")
+REASONING = {"think_t2i": "think", "recaption_t2i": "recaption"}  # task -> the ar stage's bot_task
+REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
+
+TASKS = (
+    TaskSpec("t2i", (STAGE,), ("image",), "text -> image: the DiT alone"),
+    TaskSpec("t2t", (AR_STAGE,), ("text",), "text -> text on vLLM"),
+    TaskSpec("think_t2i", (AR_STAGE, STAGE), ("text", "image"), "think, then draw after the reasoning"),
+    TaskSpec("recaption_t2i", (AR_STAGE, STAGE), ("text", "image"), "rewrite the prompt, then draw after it"),
+)
 
 
 def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
-    """The pipeline of a ``HunyuanImage3ForCausalMM`` checkpoint (declarations only: no torch, no I/O)."""
+    """The pipeline of a ``HunyuanImage3ForCausalMM`` checkpoint (declarations only: no torch; it
+    reads the checkpoint's generation_config.json).
+
+    The default task is vLLM-Omni's for the same checkpoint: an Instruct checkpoint (``sequence_template:
+    instruct``) thinks, then draws (text and image, both final outputs in its AR -> DiT config); a base
+    checkpoint, which has no reasoning template, draws (``t2i``).
+    """
+    from omni_hunyuan.config import generation_defaults
+
+    instruct = generation_defaults(model_path).get("sequence_template") == "instruct"
     return PipelineConfig(
         family="hunyuan-image3",
         stages=(
-            StageSpec(name=AR_STAGE, kind="ar", model="omni_hunyuan.ar:HunyuanAR", output="text", final=True, params={"temperature": 0.0}),
-            StageSpec(name=STAGE, kind="diffusion", model="omni_hunyuan.dit:HunyuanDiT", output="image", final=True),
+            StageSpec(name=AR_STAGE, kind="ar", model="omni_hunyuan.ar:HunyuanAR", output="text", params={"temperature": 0.0}),
+            StageSpec(
+                name=STAGE,
+                kind="diffusion",
+                model="omni_hunyuan.dit:HunyuanDiT",
+                inputs=(EdgeSpec(AR_STAGE, adapter="omni_hunyuan.pipeline:ReasoningAdapter"),),
+                output="image",
+                final=True,
+            ),
         ),
         input_processor="omni_hunyuan.pipeline:HunyuanInputProcessor",
         default_deploy=DEFAULT_DEPLOY,
-        default_modalities=("image",),
+        default_modalities=("text", "image") if instruct else ("image",),
+        tasks=TASKS,
     )
 
 
 class HunyuanInputProcessor(InputProcessor):
-    """Request -> each stage's input: the prompt (``ar``), plus ``size`` and ``seed`` (``dit``); the
-    engine hands each only to the stages the request's modalities make active."""
+    """Request -> the input of its task's entry stages: the prompt; ``size`` and ``seed`` for ``dit``;
+    for think/recaption-then-draw the ``ar`` stage's template, stop token and budget."""
+
+    def load(self) -> None:
+        from transformers import AutoTokenizer
+
+        from omni_hunyuan.config import HunyuanConfig
+        from omni_hunyuan.tokens import SpecialTokens
+
+        from omni_hunyuan.resolution import drawable
+
+        path = self.context.model_path
+        config = HunyuanConfig.from_pretrained(path)
+        self.tokens = SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(path), config.image_base_size)
+        self.ratio_ids = [self.tokens.ratios[i] for i in drawable(config.image_base_size, len(self.tokens.ratios), config.vae_downsample)]
 
     def process(self, request: Any) -> dict[str, StageInput]:
         prompt = request.prompt
@@ -52,15 +100,40 @@ class HunyuanInputProcessor(InputProcessor):
             prompt = last_user_text(request.messages)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
-        modalities = tuple(request.modalities or self.context.pipeline.default_modalities)
-        if "text" in modalities and "image" in modalities:
-            raise InvalidRequestError(
-                "text and image together (think-then-draw, ar -> dit) is not implemented yet: ask for one",
-                param="modalities",
-            )
-        data: dict[str, Any] = {"prompt": prompt}
+        dit: dict[str, Any] = {}
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
-                data[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
-        return {AR_STAGE: StageInput(data={"prompt": prompt}, final=True), STAGE: StageInput(data=data, final=True)}
+                dit[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
+        if request.task == "t2t":
+            return {AR_STAGE: StageInput(data={"prompt": prompt}, final=True)}
+        if request.task == "t2i":
+            return {STAGE: StageInput(data={"prompt": prompt, **dit}, final=True)}
+        bot_task = REASONING[request.task]
+        asked = request.params.get(AR_STAGE, {})
+        closer = self.tokens.end_think if bot_task == "think" else self.tokens.end_recaption
+        # The reasoning, then the ratio step (`omni_hunyuan.ratio_tail`): it ends on a ratio token.
+        # The reasoning's budget is the request's max_tokens; the ratio step adds its five tokens.
+        budget = asked.get("max_tokens", REASONING_MAX_TOKENS)
+        forced = [self.tokens.answer, self.tokens.boi, self.tokens.size]
+        tail = {"closers": [closer], "budget": budget, "forced": forced, "ratios": self.ratio_ids}
+        ar_params: dict[str, Any] = {"max_tokens": budget + 2 + len(forced)}
+        if "skip_special_tokens" not in asked:
+            ar_params["skip_special_tokens"] = False
+        ar_params["stop_token_ids"] = [*asked.get("stop_token_ids", ()), *self.ratio_ids]
+        ar_params[RATIO_TAIL_PARAM] = tail
+        return {
+            AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task}, final=True, params=ar_params),
+            STAGE: StageInput(data={}, params=dit),  # its text comes from ar (ReasoningAdapter)
+        }
 
+
+class ReasoningAdapter(EdgeAdapter):
+    """``ar`` -> ``dit``: the ``ar`` stage's prompt and reasoning as token ids, once it is done."""
+
+    def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
+        if chunk.data.get("prompt_token_ids") is not None:
+            state["prompt_token_ids"] = list(chunk.data["prompt_token_ids"])
+        state.setdefault("token_ids", []).extend(chunk.data.get("token_ids") or ())
+        if not chunk.final:
+            return None
+        return StageInput(data={"prompt_token_ids": state["prompt_token_ids"], "token_ids": state["token_ids"]}, final=True)

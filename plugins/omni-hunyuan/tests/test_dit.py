@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
-from omni_hunyuan.dit import square_ratio_index
 from omni_hunyuan.prompt import t2i_rows
+from omni_hunyuan.resolution import ratio_sizes
 from omni_hunyuan.sampler import initial_noise, sample_t2i
 from omni_hunyuan.vae import decode_latents
 
@@ -53,7 +53,8 @@ def _reference(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: A
     config = HunyuanConfig.from_pretrained(checkpoint)
     defaults = generation_defaults(checkpoint)
     side = config.image_base_size // config.vae_downsample
-    rows = t2i_rows(tokenizer, tokens, prompt, square_ratio_index(), side, side, cfg=True)
+    square = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((config.image_base_size,) * 2)
+    rows = t2i_rows(tokenizer, tokens, prompt, square, side, side, cfg=True)
     latents = sample_t2i(
         model, rows.prefix, initial_noise(seed, config.latent_channels, side, side), steps,
         float(defaults["diff_guidance_scale"]), float(defaults["flow_shift"]),
@@ -62,7 +63,7 @@ def _reference(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: A
 
 
 def test_one_request_equals_the_sampler(runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any) -> None:
-    images = _run(runtime, {"a": ("A red apple on a wooden table", {"seed": 42, "num_inference_steps": 2})})
+    images = _run(runtime, {"a": ("A red apple on a wooden table", {"seed": 42, "num_inference_steps": 2, "size": (64, 64)})})
     expected = _reference(checkpoint, model, vae, tokenizer, tokens, "A red apple on a wooden table", 42, 2)
     assert images["a"].shape == expected.shape == (64, 64, 3)
     np.testing.assert_array_equal(images["a"], expected)
@@ -74,10 +75,44 @@ def test_requests_at_different_steps_with_different_prompt_lengths_share_forward
     prompts = {"long": "Draw a lighthouse at night with waves crashing against the rocks", "short": "A cat"}
     images = _run(
         runtime,
-        {name: (prompt, {"seed": 7, "num_inference_steps": 3}) for name, prompt in prompts.items()},
+        {name: (prompt, {"seed": 7, "num_inference_steps": 3, "size": (64, 64)}) for name, prompt in prompts.items()},
         stagger=True,
     )
     for name, prompt in prompts.items():
         expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 7, 3)
         assert np.abs(images[name].astype(int) - expected.astype(int)).max() <= 1, name
     assert not np.array_equal(images["long"], images["short"])
+
+
+def test_the_resolution_table() -> None:
+    """The release's 33 ratios at image_base_size 1024 (and the Instruct four after them)."""
+    sizes = ratio_sizes(1024, 37)
+    assert len(sizes) == 37 and len(set(sizes)) == 37
+    assert sizes[16] == (1024, 1024) and sizes[0] == (2048, 512) and sizes[32] == (512, 2048)
+    assert sizes[8] == (1536, 512) and sizes[17] == (960, 1088)  # width x height
+    assert sizes[33:] == ((768, 1024), (720, 1280), (1024, 768), (1280, 720))
+    heights_over_widths = [h / w for w, h in sizes[:33]]
+    assert heights_over_widths == sorted(heights_over_widths)
+
+
+def test_without_a_size_the_model_picks_the_ratio_transformers_ranks_first(
+    runtime: Any, checkpoint: Path, tokenizer: Any, tokens: Any
+) -> None:
+    """The ratio step: `HunYuanMoEV1ForCausalLM` (remapped weights) logits after
+    ``<bos> prompt <boi> <img_size>``, limited to the ratio tokens of drawable sizes, pick the size."""
+    import torch
+    from omni_hunyuan.reference import hunyuan_v1_model
+    from omni_hunyuan.resolution import drawable
+
+    reference = hunyuan_v1_model(checkpoint)
+    config = HunyuanConfig.from_pretrained(checkpoint)
+    allowed = drawable(config.image_base_size, len(tokens.ratios), config.vae_downsample)
+    prompts = {f"p{i}": p for i, p in enumerate(("A cat", "Draw a lighthouse at night", "A tall tree", "Wide sea, sunset"))}
+    images = _run(runtime, {name: (prompt, {"seed": 1, "num_inference_steps": 1}) for name, prompt in prompts.items()})
+    for name, prompt in prompts.items():
+        ids = torch.tensor([[tokens.bos, *tokenizer.encode(prompt, add_special_tokens=False), tokens.boi, tokens.size]])
+        with torch.no_grad():
+            logits = reference(ids).logits[0, -1]
+        pick = allowed[int(logits[[tokens.ratios[i] for i in allowed]].argmax())]
+        width, height = ratio_sizes(config.image_base_size, len(tokens.ratios))[pick]
+        assert images[name].shape == (height, width, 3), (name, pick)

@@ -45,9 +45,9 @@ class TestHunyuanImage3Family(FamilyContract):
         steps = {"dit": {"num_inference_steps": 2}}
         return {
             **super().bad_requests(),
-            "a size off the resolution table": OmniRequest(prompt="a cat", params=steps, extra={"size": (48, 64)}),
+            "a size off the resolution table": OmniRequest(prompt="a cat", params=steps, extra={"size": (40, 64)}),
             "too many steps": OmniRequest(prompt="a cat", params={"dit": {"num_inference_steps": 10_000}}),
-            "think-then-draw before it exists": OmniRequest(prompt="a cat", modalities=("text", "image"), params=steps),
+            "an unknown task": OmniRequest(prompt="a cat", task="edit", params=steps),
         }
 
     def test_ar_greedy_tokens_equal_transformers(self, omni: Any, checkpoint: Path, tokenizer: Any, tokens: Any) -> None:
@@ -81,3 +81,62 @@ class TestHunyuanImage3Family(FamilyContract):
                 assert np.abs(np.asarray(got.images[0], dtype=int) - np.asarray(want.images[0], dtype=int)).max() <= 1
             else:
                 assert got.images == [] and got.token_ids == want.token_ids and len(got.token_ids) == 6
+
+    @pytest.mark.parametrize("task", ["think_t2i", "recaption_t2i"])
+    def test_reasoning_then_drawing_equals_its_stages_run_by_hand(
+        self, omni: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any, task: str
+    ) -> None:
+        """``text`` + ``image`` runs ar -> dit: the ar stage continues the instruct template greedily
+        (as transformers does) and its ratio step picks the ratio; the image is the sampler's after
+        that prompt and reasoning, as token ids, at that ratio's size."""
+        from omni_hunyuan.config import HunyuanConfig, generation_defaults
+        from omni_hunyuan.prompt import image_rows, instruct_prompt_ids
+        from omni_hunyuan.reference import hunyuan_v1_model
+        from omni_hunyuan.resolution import drawable, ratio_sizes
+        from omni_hunyuan.sampler import initial_noise, sample_t2i
+        from omni_hunyuan.vae import decode_latents
+
+        prompt = "A lighthouse at night"
+        modalities = ("text", "image") if task == "think_t2i" else None
+        request = OmniRequest(
+            prompt=prompt, modalities=modalities, task=None if modalities else task,
+            params={"ar": {"max_tokens": 6}, "dit": {"num_inference_steps": 2}}, extra={"seed": 5},
+        )
+        result = omni.generate(request)[0]
+        assert request.task == task and len(result.images) == 1
+        bot_task = task.removesuffix("_t2i")
+        prompt_ids = instruct_prompt_ids(tokenizer, tokens, prompt, bot_task)
+        assert result.prompt_token_ids == prompt_ids
+        # transformers, greedy, with the ratio step written out: the reasoning (up to 6 tokens, the
+        # request's budget; no ratio token in it), the closer, <answer><boi><img_size>, the best
+        # drawable ratio token.
+        reference = hunyuan_v1_model(checkpoint)
+        config = HunyuanConfig.from_pretrained(checkpoint)
+        allowed = drawable(config.image_base_size, len(tokens.ratios), config.vae_downsample)
+        closer = tokens.end_think if bot_task == "think" else tokens.end_recaption
+        generated: list[int] = []
+        while not generated or generated[-1] not in tokens.ratios:
+            with torch.no_grad():
+                logits = reference(torch.tensor([prompt_ids + generated])).logits[0, -1]
+            if closer in generated:
+                after = len(generated) - generated.index(closer) - 1
+                forced = [tokens.answer, tokens.boi, tokens.size]
+                generated.append(forced[after] if after < 3 else tokens.ratios[allowed[int(logits[[tokens.ratios[i] for i in allowed]].argmax())]])
+            else:
+                logits[[tokens.ratios[i] for i in allowed]] = float("-inf")  # they end the ratio step only
+                generated.append(closer if len(generated) == 6 else int(logits.argmax()))
+        assert result.token_ids == generated
+        ratio = tokens.ratios.index(generated[-1])
+
+        defaults = generation_defaults(checkpoint)
+        text_ids = [*prompt_ids, *generated[: generated.index(closer) + 1], tokens.answer]
+        width, height = ratio_sizes(config.image_base_size, len(tokens.ratios))[ratio]
+        h, w = height // config.vae_downsample, width // config.vae_downsample
+        rows = image_rows(tokens, text_ids, ratio, h, w, cfg=True)
+        latents = sample_t2i(
+            model, rows.prefix, initial_noise(5, config.latent_channels, h, w), 2,
+            float(defaults["diff_guidance_scale"]), float(defaults["flow_shift"]),
+        )
+        image = decode_latents(vae, latents, config.vae)[0].numpy()
+        assert np.asarray(result.images[0]).shape == image.shape == (height, width, 3)
+        assert np.abs(np.asarray(result.images[0], dtype=int) - image.astype(int)).max() <= 1

@@ -92,3 +92,15 @@ def test_loader_is_strict(checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="experts.3.down_proj"):
         load_transformer(tmp_path)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_an_instruct_checkpoint_thinks_then_draws_by_default(tmp_path) -> None:
+    """vLLM-Omni's default for HunyuanImage-3.0 (AR text and DiT image, both final) on an Instruct
+    checkpoint; a base checkpoint (no reasoning template) draws."""
+    import json
+
+    from omni_hunyuan.pipeline import build_pipeline
+
+    assert build_pipeline(str(tmp_path), {}).default_modalities == ("image",)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"sequence_template": "instruct"}))
+    assert build_pipeline(str(tmp_path), {}).default_modalities == ("text", "image")

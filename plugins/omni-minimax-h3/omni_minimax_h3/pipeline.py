@@ -169,7 +169,6 @@ def decode_audio(value: Any, sample_rate: Any, param: str) -> tuple[Any, int]:
     `sample_rate`) or a base64 ``data:audio/...`` URL (never a path or a URL to fetch)."""
     import base64
     import binascii
-    import io
 
     import numpy as np
     import torch
@@ -177,12 +176,13 @@ def decode_audio(value: Any, sample_rate: Any, param: str) -> tuple[Any, int]:
     if isinstance(value, str):
         if not value.startswith("data:audio/") or ";base64," not in value:
             raise InvalidRequestError(f"{param} must be a base64 data URL (data:audio/wav;base64,...); paths and URLs are not fetched", param=param)
-        import soundfile
+        from omni_core.media_decode import read_audio
 
         try:
-            samples, rate = soundfile.read(io.BytesIO(base64.b64decode(value.split(";base64,", 1)[1], validate=True)), dtype="float32", always_2d=True)
-        except (binascii.Error, RuntimeError, ValueError) as exc:
+            raw = base64.b64decode(value.split(";base64,", 1)[1], validate=True)
+        except (binascii.Error, ValueError) as exc:
             raise InvalidRequestError(f"cannot decode {param}: {exc}", param=param) from None
+        samples, rate = read_audio(raw, param, param)  # its duration checked before decoding
         return torch.from_numpy(np.ascontiguousarray(samples.T)), int(rate)
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate <= 0:
         raise InvalidRequestError(f"{param} needs its sample_rate (a positive integer, Hz)", param=param)

@@ -17,6 +17,7 @@ from PIL import Image
 from omni_core import Omni
 from omni_core.config import resolve
 from omni_core.engine.request import OmniRequest
+from omni_core.errors import UnknownModelError
 
 from .conftest import INLINE
 
@@ -88,6 +89,10 @@ def test_each_converted_component_equals_the_diffusers_one(pipeline: Any, native
 def test_a_native_partition_resolves_to_the_family(native_root: Path) -> None:
     for partition in ("FL2VA", "Ref2VA"):
         assert resolve(str(native_root / partition), overrides=INLINE).family == "minimax-h3"
+    # The release's root holds only the partitions: the error says which folder to serve.
+    with pytest.raises(UnknownModelError) as info:
+        resolve(str(native_root), overrides=INLINE)
+    assert str(info.value).endswith(f"serve one of {native_root / 'FL2VA'}, {native_root / 'Ref2VA'}")
 
 
 def _generate(model: str, requests: list[OmniRequest]) -> list[Any]:

@@ -37,6 +37,7 @@ class Code2WavModel(GenerationModel):
 
     input_key = "codes"
     output_key = "audio"
+    request_params: frozenset[str] = frozenset()  # a decoder: no per-request parameters
     chunk_size = 25
     # The reference's chunked_decode(300, 25) (omni_qwen3.reference).
     segment_size = 300

@@ -22,11 +22,11 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import io
 import math
 from typing import TYPE_CHECKING, Any
 
 from omni_core.config.modelref import read_hf_config
+from omni_core.engine.vllm_inputs import VLLM_PROMPT
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.parts import InputProcessor, PartContext
@@ -75,25 +75,17 @@ class Qwen3OmniInputProcessor(InputProcessor):
 
     def process(self, request: OmniRequest) -> dict[str, StageInput]:
         modalities = tuple(request.modalities or self.pipeline.default_modalities)
-        messages = self._messages(request)
         audio_in_video = _use_audio_in_video(request)
-        template_messages, audios, images, videos = self._parse(messages, audio_in_video)
-        audio_in_video = audio_in_video and bool(videos)
-        if audio_in_video and "audio_end_token_id" not in self.thinker_config:
-            raise InvalidRequestError(
-                "use_audio_in_video needs thinker_config.audio_end_token_id, which this checkpoint's "
-                "config.json lacks (a tiny checkpoint written by an omni-qwen3 older than tiny format 2?)",
-                param="mm_processor_kwargs",
-            )
-        if audio_in_video and len(audios) != len(videos):
-            raise InvalidRequestError(
-                "with use_audio_in_video every audio input is a video's sound track: send audio parts "
-                "in a request without it (vLLM pairs each audio with one video)",
-                param="mm_processor_kwargs",
-            )
-        tokenizer = self.tokenizer
-        text = tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
-        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        vllm_prompt = request.extra.get(VLLM_PROMPT)
+        if vllm_prompt is not None:
+            if audio_in_video:
+                raise InvalidRequestError(
+                    "use_audio_in_video with a vLLM prompt dict is not supported: send chat messages with a video_url part",
+                    param="mm_processor_kwargs",
+                )
+            token_ids, audios, images, videos = self._vllm_prompt(vllm_prompt)
+        else:
+            token_ids, audios, images, videos, audio_in_video = self._chat_prompt(request, audio_in_video)
         frames = [self.video_processor.sample(video) for video in videos]
         self._check_length(token_ids, audios, images, frames, audio_in_video)
         data: dict[str, Any] = {"prompt_token_ids": token_ids, "capture_hidden": "audio" in modalities}
@@ -115,6 +107,55 @@ class Qwen3OmniInputProcessor(InputProcessor):
         if TALKER in self.stage_names and (request.extra.get("voice") is not None or chosen.get("speaker") is None):
             inputs[TALKER] = StageInput(params={"speaker": self._speaker(request)})
         return inputs
+
+    def _chat_prompt(self, request: OmniRequest, audio_in_video: bool) -> tuple[list[int], list[Any], list[Any], list[DecodedVideo], bool]:
+        """The prompt's token ids (through the chat template) and media, from a prompt or messages."""
+        template_messages, audios, images, videos = self._parse(self._messages(request), audio_in_video)
+        audio_in_video = audio_in_video and bool(videos)
+        if audio_in_video and "audio_end_token_id" not in self.thinker_config:
+            raise InvalidRequestError(
+                "use_audio_in_video needs thinker_config.audio_end_token_id, which this checkpoint's "
+                "config.json lacks (a tiny checkpoint written by an omni-qwen3 older than tiny format 2?)",
+                param="mm_processor_kwargs",
+            )
+        if audio_in_video and len(audios) != len(videos):
+            raise InvalidRequestError(
+                "with use_audio_in_video every audio input is a video's sound track: send audio parts "
+                "in a request without it (vLLM pairs each audio with one video)",
+                param="mm_processor_kwargs",
+            )
+        tokenizer = self.tokenizer
+        text = tokenizer.apply_chat_template(template_messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"], audios, images, videos, audio_in_video
+
+    def _vllm_prompt(self, prompt: dict[str, Any]) -> tuple[list[int], list[Any], list[Any], list[DecodedVideo]]:
+        """A vLLM prompt dict (`omni_core.engine.vllm_inputs`): its text is the model's final text
+        (tokenized as it is, as vLLM does), with one placeholder per item of ``multi_modal_data``
+        (``audio``: ``(samples, rate)``; ``image``: a PIL image; ``video``: ``[T, H, W, 3]`` frames;
+        or lists of them)."""
+        token_ids = prompt["prompt_token_ids"]
+        if token_ids is None:
+            token_ids = self.tokenizer(prompt["prompt"], add_special_tokens=False)["input_ids"]
+        media = prompt["multi_modal_data"]
+        unknown = sorted(set(media) - {"audio", "image", "video"})
+        if unknown:
+            raise InvalidRequestError(f"multi_modal_data: Qwen3-Omni takes audio, image and video, not {unknown}", param="multi_modal_data")
+        try:
+            audios = [_as_mono_16k(*_audio_item(item, f"multi_modal_data.audio[{i}]"), f"multi_modal_data.audio[{i}]") for i, item in enumerate(_items(media.get("audio"), tuple))]
+            images = [_as_image(item, f"multi_modal_data.image[{i}]") for i, item in enumerate(_items(media.get("image"), None))]
+            videos = [_as_video({"video": item}, f"multi_modal_data.video[{i}]") for i, item in enumerate(_items(media.get("video"), None, frames=True))]
+        except InvalidRequestError as exc:  # the checks shared with chat parts name `messages`
+            raise InvalidRequestError(str(exc), param="multi_modal_data") from None
+        for kind, items in (("audio", audios), ("image", images), ("video", videos)):
+            placeholder = self.thinker_config.get(f"{kind}_token_id")
+            count = sum(1 for t in token_ids if t == placeholder)
+            if count != len(items):
+                raise InvalidRequestError(
+                    f"the prompt has {count} {kind} placeholder(s) but multi_modal_data has {len(items)} {kind} item(s): "
+                    "one placeholder per item (e.g. <|audio_start|><|audio_pad|><|audio_end|> for an audio)",
+                    param="multi_modal_data",
+                )
+        return list(token_ids), audios, images, videos
 
     def _messages(self, request: OmniRequest) -> list[dict[str, Any]]:
         if request.extra.get("task") == "speech":
@@ -326,22 +367,12 @@ def _b64decode(data: Any, where: str) -> bytes:
 
 
 def _decode_image_url(value: Any, where: str) -> Any:
-    raw = _data_url_bytes(value, where, "image", "data:image/png;base64,...")
-    from PIL import Image, UnidentifiedImageError
+    from omni_core.media_decode import open_image
 
-    try:
-        image = Image.open(io.BytesIO(raw))
-        # The header gives the size: refuse huge images before decoding them (memory, time).
-        if image.width * image.height > MAX_IMAGE_PIXELS:
-            raise InvalidRequestError(
-                f"{where}: the image is {image.width}x{image.height}; images are limited to {MAX_IMAGE_PIXELS} pixels "
-                "(the processor resizes them to at most ~0.8 megapixels anyway): downscale it first",
-                param="messages",
-            )
-        image.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise undecodable(where, "the image", exc) from None
-    return image.convert("RGB")
+    raw = _data_url_bytes(value, where, "image", "data:image/png;base64,...")
+    # The header gives the size: huge images are refused before decoding (the processor resizes
+    # them to at most ~0.8 megapixels anyway).
+    return open_image(raw, where, "messages", MAX_IMAGE_PIXELS)
 
 
 def _as_image(image: Any, where: str) -> Any:
@@ -356,6 +387,26 @@ def _decode_video_url(value: Any, where: str, with_audio: bool = False) -> Decod
     from omni_qwen3.video import decode_video
 
     return decode_video(_data_url_bytes(value, where, "video", "data:video/mp4;base64,..."), where, with_audio)
+
+
+def _items(value: Any, single: type | None, frames: bool = False) -> list[Any]:
+    """`multi_modal_data`'s value for one modality as a list of items: vLLM takes one item or a list."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    if single is not None and isinstance(value, single):
+        return [value]
+    if frames and getattr(value, "ndim", 0) == 5:  # a batch of videos [N, T, H, W, 3]
+        return list(value)
+    return [value]
+
+
+def _audio_item(item: Any, where: str) -> tuple[Any, int]:
+    """vLLM's audio item: ``(samples, sample rate)``."""
+    if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], (int, float)) and item[1] > 0):
+        raise InvalidRequestError(f"{where}: an audio is a (samples, sample rate) tuple, as vLLM takes it", param="multi_modal_data")
+    return item[0], int(item[1])
 
 
 def _use_audio_in_video(request: OmniRequest) -> bool:
@@ -404,12 +455,9 @@ def _decode_input_audio(value: Any, where: str) -> np.ndarray:
     if not isinstance(value, dict):
         raise InvalidRequestError(f"{where}: input_audio must be an object with 'data' and 'format'", param="messages")
     raw = _b64decode(value.get("data"), where)
-    import soundfile
+    from omni_core.media_decode import read_audio
 
-    try:
-        samples, rate = soundfile.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
-        raise undecodable(where, "the audio as wav/mp3/flac", exc) from None
+    samples, rate = read_audio(raw, where, "messages")  # its length checked from the header first
     if samples.shape[0] == 0:
         raise InvalidRequestError(f"{where}: the audio is empty", param="messages")
     return _as_mono_16k(samples.mean(axis=1), int(rate), where)

@@ -28,6 +28,10 @@ THINKER_DEPLOY = "omni_qwen3:deploy/thinker.yaml"
 # normally stops at its codec EOS well before.
 THINKER_MAX_TOKENS = 256
 TALKER_MAX_TOKENS = 4096
+# What a request naming no modalities gets: as vLLM-Omni, whose stage config for Qwen3-Omni
+# (vllm_omni/model_executor/stage_configs/qwen3_omni_moe.yaml) marks the thinker (text) and code2wav
+# (audio) as final outputs and returns every final output by default.
+DEFAULT_MODALITIES = ("text", "audio")
 
 
 def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
@@ -80,7 +84,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
         stages=(thinker, talker, code2wav),
         input_processor=INPUT_PROCESSOR,
         default_deploy=DEFAULT_DEPLOY,
-        default_modalities=("text",),
+        default_modalities=DEFAULT_MODALITIES,
     )
 
 

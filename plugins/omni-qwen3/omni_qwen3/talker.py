@@ -154,6 +154,7 @@ class TalkerModel(ARModel):
     capture_hidden_states = True
     streamed_input = True
     resumable = True
+    request_params = frozenset({SPEAKER_PARAM})
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from omni_core.errors import InvalidRequestError
+from omni_core.media_decode import MAX_AUDIO_SECONDS, check_frame_count, check_video_stream
 from omni_qwen3.inputs import undecodable
 
 if TYPE_CHECKING:
@@ -73,12 +74,15 @@ def decode_video(raw: bytes, where: str = "video", with_audio: bool = False) -> 
     frames: list[np.ndarray] = []
     pieces: list[np.ndarray] = []
     fps: float | None = None
+    sound = 0
     part = "video"
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
             if not container.streams.video:
                 raise InvalidRequestError(f"{where}: the file has no video stream", param="messages")
             video = container.streams.video[0]
+            # What the container declares is checked before decoding, what it holds while decoding.
+            check_video_stream(video, where, "messages")
             if video.average_rate:
                 fps = float(video.average_rate)
             streams = [video]
@@ -95,9 +99,16 @@ def decode_video(raw: bytes, where: str = "video", with_audio: bool = False) -> 
                 part = "video" if packet.stream is video else "video's sound track"
                 for frame in packet.decode():
                     if resampler is None or packet.stream is video:
+                        check_frame_count(len(frames) + 1, frame.width, frame.height, where, "messages")
                         frames.append(frame.to_ndarray(format="rgb24"))
                     else:
-                        pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(frame))
+                        new = [out.to_ndarray().reshape(-1) for out in resampler.resample(frame)]
+                        pieces.extend(new)
+                        sound += sum(len(piece) for piece in new)
+                        if sound > MAX_AUDIO_SECONDS * SOUND_TRACK_RATE:
+                            raise InvalidRequestError(
+                                f"{where}: the video's sound track is longer than the limit of {MAX_AUDIO_SECONDS:g} s", param="messages"
+                            )
             if resampler is not None:
                 part = "video's sound track"
                 pieces.extend(out.to_ndarray().reshape(-1) for out in resampler.resample(None))

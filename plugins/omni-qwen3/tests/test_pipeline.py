@@ -58,7 +58,8 @@ def test_full_checkpoint_gives_three_stages(tiny_dir: Path) -> None:
     assert (code2wav.kind, code2wav.output, code2wav.final) == ("generation", "audio", True)
     assert code2wav.inputs[0].source == "talker" and code2wav.inputs[0].adapter is None
     assert pipeline.input_processor == "omni_qwen3.inputs:Qwen3OmniInputProcessor"
-    assert pipeline.default_modalities == ("text",)
+    # As vLLM-Omni: every final output (thinker text, code2wav audio) when a request names none.
+    assert pipeline.default_modalities == ("text", "audio")
 
 
 def test_default_deploy_resolves(tiny_dir: Path) -> None:
@@ -112,7 +113,7 @@ def test_processor_builds_the_reference_prompt(processor: Qwen3OmniInputProcesso
     messages = [{"role": "user", "content": [{"type": "audio", "audio": sine_wave(1.0)},
                                               {"type": "image", "image": synthetic_image(64, 96)},
                                               {"type": "text", "text": "What is this?"}]}]
-    inputs = processor.process(OmniRequest(messages=messages))
+    inputs = processor.process(OmniRequest(messages=messages, modalities=("text",)))
     thinker = inputs["thinker"].data
     expected = prepare_inputs(tiny_dir, messages)["input_ids"][0].tolist()
     config = read_hf_config(tiny_dir)["thinker_config"]

@@ -61,7 +61,7 @@ def thinker_only(tiny_dir: Path, *overrides: str) -> ResolvedPipeline:
     """The resolved pipeline cut to its thinker stage (final), run inline."""
     pipeline = resolve(str(tiny_dir), overrides=("thinker.placement=inline", *overrides))
     thinker = attrs.evolve(pipeline.stage("thinker"), final=True)
-    return attrs.evolve(pipeline, stages=(thinker,))
+    return attrs.evolve(pipeline, stages=(thinker,), default_modalities=("text",))
 
 
 @pytest.fixture(scope="module")

@@ -185,7 +185,7 @@ def omni(tiny_dir: Path) -> Iterator[Any]:
     from omni_core.engine.offline import Omni
 
     pipeline = resolve(str(tiny_dir), overrides=("thinker.placement=inline",))
-    pipeline = attrs.evolve(pipeline, stages=(attrs.evolve(pipeline.stage("thinker"), final=True),))
+    pipeline = attrs.evolve(pipeline, stages=(attrs.evolve(pipeline.stage("thinker"), final=True),), default_modalities=("text",))
     with Omni(pipeline) as engine:
         yield engine
 

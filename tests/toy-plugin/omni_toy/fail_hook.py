@@ -16,6 +16,7 @@ from omni_core.errors import InvalidRequestError
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem
 
 FAIL_MODES = ("invalid", "request", "stage", "crash")
+PARAMS = frozenset({"fail"})  # the request parameters of a model part using this hook
 
 
 def check_params(params: dict[str, Any]) -> None:

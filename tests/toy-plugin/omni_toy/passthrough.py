@@ -27,6 +27,7 @@ class PassThroughModel(GenerationModel):
 
     input_key = "codes"
     output_key = "audio"
+    request_params = fail_hook.PARAMS
     chunk_size = 16
     left_context = 0
     samples_per_frame = 1

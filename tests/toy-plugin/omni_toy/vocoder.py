@@ -104,6 +104,7 @@ class ToyVocoder(GenerationModel):
 
     input_key = "codes"
     output_key = "audio"
+    request_params = fail_hook.PARAMS
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)

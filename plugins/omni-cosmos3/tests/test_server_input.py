@@ -1,0 +1,95 @@
+"""What a client may send Cosmos3 through ``omni serve``: its conditioning frames (``image``/``video``
+stage parameters) as base64 data URLs only, never a path the server would open; unknown parameters
+of its diffusion stage refused with a 400 naming them, before any work."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from omni_core.testing.live_server import LiveServer
+
+MODEL = "omni-tiny/cosmos3"
+POLICY = {"task": "policy", "domain": "bridge_orig_lerobot", "chunk_size": 4, "num_inference_steps": 2, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    live = LiveServer.start(MODEL, args=["--set", "generator.placement=inline"])
+    try:
+        yield live
+    finally:
+        live.close()
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _images(server: LiveServer, generator: dict[str, Any]) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "A robot arm picks up a blue cube", "stage_params": {"generator": generator}}
+    return httpx.post(f"{server.url}/v1/images/generations", json=body, timeout=120)
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "frame.png"])
+def test_a_string_is_never_opened_as_a_path(server: LiveServer, tmp_path: Path, path: str) -> None:
+    """A path is refused as such: had the server opened ``frame.png`` (a valid image), the request
+    would have gone on; ``/etc/passwd`` is refused without its contents being read."""
+    if path == "frame.png":
+        (tmp_path / path).write_bytes(_png())
+        path = str(tmp_path / path)
+    response = _images(server, {**POLICY, "image": path})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "image" and "data URL" in error["message"] and "never opened" in error["message"]
+    assert "cannot identify" not in error["message"]  # no decoder saw the file
+    video = _images(server, {**POLICY, "video": "file:///etc/passwd"})
+    assert video.status_code == 400 and video.json()["error"]["param"] == "video", video.text
+
+
+def test_an_image_as_a_data_url_is_taken(server: LiveServer) -> None:
+    url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    response = _images(server, {**POLICY, "image": url})
+    assert response.status_code == 200, response.text
+    bad = _images(server, {**POLICY, "image": "data:image/png;base64," + base64.b64encode(b"junk").decode()})
+    assert bad.status_code == 400 and "cannot decode the image" in bad.json()["error"]["message"], bad.text
+
+
+def test_unknown_diffusion_stage_params_are_a_400_naming_them(server: LiveServer) -> None:
+    response = _images(server, {"num_inference_steps": 2, "bogus": 1})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "stage_params.generator.bogus" and "'bogus'" in error["message"] and "diffusion" in error["message"]
+    stage = httpx.post(f"{server.url}/v1/images/generations", json={"model": MODEL, "prompt": "a cat", "stage_params": {"dit": {}}}, timeout=60)
+    assert stage.status_code == 400 and stage.json()["error"]["param"] == "stage_params.dit", stage.text
+
+
+def test_chat_without_modalities_answers_with_the_image_the_images_route_draws(server: LiveServer) -> None:
+    """The family's default output (an image), as an ``image_url`` content part: as vLLM-Omni's chat
+    answers a text-to-image model."""
+    generator = {"num_inference_steps": 2, "seed": 3}
+    chat = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "a red apple"}], "stage_params": {"generator": generator}},
+        timeout=120,
+    )
+    assert chat.status_code == 200, chat.text
+    parts = chat.json()["choices"][0]["message"]["content"]
+    assert [p["type"] for p in parts] == ["text", "image_url"] and parts[0]["text"] == ""
+    png = base64.b64decode(parts[1]["image_url"]["url"].removeprefix("data:image/png;base64,"))
+    images = httpx.post(
+        f"{server.url}/v1/images/generations", json={"model": MODEL, "prompt": "a red apple", "stage_params": {"generator": generator}}, timeout=120
+    )
+    assert images.status_code == 200, images.text
+    assert png == base64.b64decode(images.json()["data"][0]["b64_json"])

@@ -1,0 +1,59 @@
+"""The ``ar`` stage's ratio step (think/recaption-then-draw): a vLLM logits processor.
+
+After the reasoning's closer (``</think>`` or ``</recaption>``) the release's Instruct model writes
+``<answer><boi><img_size_B>`` and one ``<img_ratio_k>``; its sampler limits that last token to the
+ratio tokens. Here, for a request whose ``SamplingParams.extra_args`` carry `TAIL_ARG`, the tokens
+after the closer are forced in that order (the closer itself once the reasoning has used its budget) and the ratio is limited to the drawable ones (the
+request stops on a ratio token: they are its stop tokens). Other requests are untouched. Registered
+through vLLM's own extension point (``logits_processors`` engine argument), per request through
+`AdapterLogitsProcessor`. This module imports vLLM: it is loaded by vLLM, in the engine's process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+TAIL_ARG = "omni_hunyuan_ratio_tail"
+"""`extra_args` key: ``{"closers": [closer, ...], "budget": n, "forced": [answer, boi, size],
+"ratios": [allowed ids]}``: a reasoning still open after `budget` tokens gets ``closers[0]`` then."""
+
+
+def tail_allowed(tail: dict[str, Any], output_ids: list[int]) -> list[int] | None:
+    """The token ids allowed next (None: any), given the tokens generated so far."""
+    closers = set(tail["closers"])
+    cut = next((i for i, t in enumerate(output_ids) if t in closers), None)
+    if cut is None:
+        return [tail["closers"][0]] if len(output_ids) >= tail["budget"] else None
+    after = len(output_ids) - cut - 1
+    forced = tail["forced"]
+    return [forced[after]] if after < len(forced) else list(tail["ratios"])
+
+
+class RatioTail(AdapterLogitsProcessor):
+    """Forces ``<answer><boi><img_size>`` after the closer, then one of the allowed ratio tokens."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def new_req_logits_processor(self, params: SamplingParams) -> Callable[[list[int], torch.Tensor], torch.Tensor] | None:
+        tail = (params.extra_args or {}).get(TAIL_ARG)
+        if tail is None:
+            return None
+        ratios = torch.tensor(tail["ratios"])
+
+        def limit(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+            allowed = tail_allowed(tail, output_ids)
+            if allowed is None:  # reasoning: a ratio token (a stop token) would end it unclosed
+                logits[ratios.to(logits.device)] = float("-inf")
+                return logits
+            keep = torch.full_like(logits, float("-inf"))
+            index = torch.tensor(allowed, device=logits.device)
+            keep[index] = logits[index]
+            return keep
+
+        return limit

@@ -1,0 +1,116 @@
+"""HunyuanImage-3.0 over HTTP with the official openai client: the task per request from the
+modalities (or the ``task`` field), think-then-draw's text and image in one chat answer, streamed or
+not, and /v1/images/generations (the DiT alone)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from omni_core.testing.live_server import LiveServer
+
+MODEL = "omni-tiny/hunyuan-image3"
+STEPS = {"dit": {"num_inference_steps": 2, "seed": 3}, "ar": {"max_tokens": 5}}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    live = LiveServer.start(MODEL, args=["--set", "ar.options.max_model_len=256"])
+    try:
+        yield live
+    finally:
+        live.close()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _image(url: str) -> np.ndarray:
+    assert url.startswith("data:image/png;base64,")
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))))
+
+
+def _chat(client: openai.OpenAI, modalities: list[str] | None, **extra: object) -> object:
+    body = {"stage_params": STEPS, **extra}
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A lighthouse at night"}], modalities=modalities, extra_body=body  # type: ignore[arg-type]
+    )
+
+
+def test_text_and_image_run_think_then_draw(client: openai.OpenAI) -> None:
+    answer = _chat(client, ["text", "image"]).choices[0].message
+    parts = answer.content
+    assert isinstance(parts, list) and parts[0]["type"] == "text" and [p["type"] for p in parts[1:]] == ["image_url"]
+    image = _image(parts[1]["image_url"]["url"])
+    assert image.ndim == 3 and image.shape[2] == 3
+    # The same request by task name gives the same answer (greedy text, seeded image).
+    named = _chat(client, None, task="think_t2i").choices[0].message.content
+    assert named[0] == parts[0]
+    np.testing.assert_array_equal(_image(named[1]["image_url"]["url"]), image)
+
+
+def test_streamed_think_then_draw_sends_the_text_then_the_image(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A lighthouse at night"}], modalities=["text", "image"],  # type: ignore[list-item]
+        stream=True, extra_body={"stage_params": STEPS},
+    )
+    text, images = "", []
+    for chunk in stream:
+        content = chunk.choices[0].delta.content if chunk.choices else None
+        if isinstance(content, str):
+            assert not images, "text after the image"
+            text += content
+        elif content:
+            images += [_image(part["image_url"]["url"]) for part in content]
+    whole = _chat(client, ["text", "image"]).choices[0].message.content
+    assert text == whole[0]["text"] and len(images) == 1
+    np.testing.assert_array_equal(images[0], _image(whole[1]["image_url"]["url"]))
+
+
+def test_text_alone_runs_only_the_ar_stage(client: openai.OpenAI, server: LiveServer) -> None:
+    answer = _chat(client, ["text"]).choices[0].message
+    assert isinstance(answer.content, str) and answer.content
+
+
+def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveServer) -> None:
+    body = {"model": MODEL, "prompt": "a red apple", "size": "48x80", "seed": 1, "stage_params": {"dit": {"num_inference_steps": 2}}}
+    response = httpx.post(f"{server.url}/v1/images/generations", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert _image("data:image/png;base64," + response.json()["data"][0]["b64_json"]).shape == (80, 48, 3)
+    response = httpx.post(f"{server.url}/v1/images/generations", json={**body, "size": "50x50"}, timeout=120)
+    assert response.status_code == 400 and "nearest: 64x64" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"task": "edit"}, "unknown task 'edit'; this model's tasks are: t2i, t2t, think_t2i, recaption_t2i"),
+        ({"task": "t2t", "modalities": ["image"]}, "task 't2t' does not produce image"),
+    ],
+)
+def test_a_task_it_cannot_run_is_a_400(server: LiveServer, extra: dict, message: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **extra}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_unknown_dit_parameter_is_a_400_before_any_stream(server: LiveServer, stream: bool) -> None:
+    """Even for think-then-draw, where dit runs after ar: the status code says it, not an error event."""
+    body = {
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "image"], "stream": stream,
+        "stage_params": {"ar": {"max_tokens": 2}, "dit": {"num_inference_step": 2}},
+    }
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "stage_params.dit.num_inference_step"
