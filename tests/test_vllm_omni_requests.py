@@ -199,6 +199,35 @@ def test_image_url_query(client: openai.OpenAI) -> None:
     _assert_text_and_audio(completion)
 
 
+def _mp4_data_url(with_sound: bool) -> str:
+    from omni_qwen3.reference import moving_frames, mp4_bytes, sine_wave
+
+    raw = mp4_bytes(moving_frames(5), fps=4, audio=sine_wave(1.25, 330.0) if with_sound else None)
+    return "data:video/mp4;base64," + base64.b64encode(raw).decode()
+
+
+def test_video_url_query(client: openai.OpenAI) -> None:
+    """The example's video query: a ``video_url`` part (here a data URL of an MP4)."""
+    video = {"type": "video_url", "video_url": {"url": _mp4_data_url(with_sound=False)}}
+    ask = {"type": "text", "text": "Describe the video briefly."}
+    completion = _create(client, [SYSTEM, {"role": "user", "content": [video, ask]}], extra_body={"sampling_params_list": SAMPLING_PARAMS_LIST})
+    _assert_text_and_audio(completion)
+    without = _create(client, [SYSTEM, {"role": "user", "content": [ask]}], extra_body={"sampling_params_list": SAMPLING_PARAMS_LIST})
+    assert completion.usage is not None and without.usage is not None
+    assert completion.usage.prompt_tokens > without.usage.prompt_tokens  # the frames became prompt tokens
+
+
+def test_audio_in_video_query(client: openai.OpenAI) -> None:
+    """The example's ``use_audio_in_video``: the MP4's sound track is read too (more prompt tokens)."""
+    video = {"type": "video_url", "video_url": {"url": _mp4_data_url(with_sound=True)}}
+    messages = [SYSTEM, {"role": "user", "content": [video, {"type": "text", "text": "What can you hear and see?"}]}]
+    with_sound = _create(client, messages, extra_body={"sampling_params_list": SAMPLING_PARAMS_LIST, "mm_processor_kwargs": {"use_audio_in_video": True}})
+    _assert_text_and_audio(with_sound)
+    frames_only = _create(client, messages, extra_body={"sampling_params_list": SAMPLING_PARAMS_LIST})
+    assert with_sound.usage is not None and frames_only.usage is not None
+    assert with_sound.usage.prompt_tokens > frames_only.usage.prompt_tokens
+
+
 def test_without_sampling_params_list_or_modalities(client: openai.OpenAI) -> None:
     """Without the list the stages' defaults apply; without ``modalities`` the answer is what
     vLLM-Omni gives for Qwen3-Omni: every final stage's output (its stage config's thinker, text,
