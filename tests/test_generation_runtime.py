@@ -222,11 +222,15 @@ def test_waiting_requests_are_idle(checkpoint: Path) -> None:
 
 def test_final_input_without_new_frames_closes_the_stream(checkpoint: Path) -> None:
     runtime = make_runtime(checkpoint, chunk_size=4)
+    forgotten: list[str] = []
+    runtime.model.forget = forgotten.append  # type: ignore[method-assign]  # (a spy on this test's own model)
     runtime.add_request("a", StageInput(data={"codes": torch.arange(4)}, final=False))
     [first] = runtime.step()
     runtime.extend_request("a", StageInput(data={}, final=True))
     [last] = runtime.step()
     assert not first.final and last.final and last.index == 1 and last.data["audio"].shape == (0,)
+    # The model drops the request's state (a streaming decoder's caches: the soak's code2wav leak).
+    assert forgotten == ["a"]
     runtime.add_request("empty", StageInput(data={"codes": torch.zeros(0, dtype=torch.long)}, final=True))
     [only] = runtime.step()
     assert only.final and only.error is None and only.data["audio"].shape == (0,)

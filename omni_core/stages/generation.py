@@ -352,6 +352,9 @@ class GenerationStageRuntime(StageRuntime):
         request.chunks += 1
         if final:
             del self._requests[request_id]
+            # The model's per-request state (e.g. a streaming decoder's caches) ends with it too: a
+            # final chunk with no new frames never reaches the model's decode, which would drop it.
+            self._loaded().forget(request_id)
         else:
             self._advance(request, frames)
         return chunk
