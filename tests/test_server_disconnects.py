@@ -213,7 +213,7 @@ def test_200_disconnects_release_every_buffer_and_keep_memory_flat(qwen_server: 
 
 DIFFUSION = {
     # model: (stage, steps and size that make one request last several seconds here)
-    "omni-tiny/cosmos3": ("generator", 40, "128x128"),
+    "omni-tiny/cosmos3": ("generator", 200, "128x128"),
 }
 DIFFUSION_DISCONNECTS = 8
 

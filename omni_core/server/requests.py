@@ -121,7 +121,8 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         raise APIError(400, "messages must not be empty", param="messages")
     check_prompt_size(message_chars(body.messages), max_chars, "messages")
     listed = stage_params_from_list(pipeline, body.sampling_params_list) if body.sampling_params_list is not None else None
-    modalities = tuple(body.modalities or chat_default_modalities(pipeline))
+    # A named task without modalities gets its own (`TaskSpec.modalities`), not the chat defaults.
+    modalities = tuple(body.modalities) if body.modalities else (() if body.task else chat_default_modalities(pipeline))
     for modality in modalities:
         if modality not in pipeline.modalities:
             raise APIError(400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}", param="modalities", code="unsupported_modality")
@@ -138,7 +139,7 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         extra["mm_processor_kwargs"] = dict(body.mm_processor_kwargs)
     return OmniRequest(
         messages=chat_messages(body.messages, media),
-        modalities=modalities,
+        modalities=modalities or None,
         params=stage_params(pipeline, sampling, body.stage_params, listed),
         task=body.task,
         extra=extra,
