@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -162,3 +163,14 @@ def test_cli_errors_are_one_line_and_nothing_starts(model_dir):
     assert proc.returncode == 1 and "produces text, audio" in proc.stderr.strip().splitlines()[-1]
     proc = omni("generate", "no/such-model", "--prompt", "x")
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith("Error:")
+
+
+def test_serve_on_a_port_in_use_fails_at_once_before_loading(model_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = omni("serve", str(model_dir), "--port", str(port))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"Error: cannot serve on 127.0.0.1:{port}: the address is already in use (another server? pick another --port)"
+    assert "stage" not in proc.stderr, proc.stderr[-2000:]  # it failed before loading anything

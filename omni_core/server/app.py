@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import logging
+import socket
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
@@ -16,6 +18,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from omni_core import __version__
 from omni_core.engine.async_engine import AsyncOmniEngine
+from omni_core.errors import OmniError
 from omni_core.media_access import MediaAccess
 from omni_core.server.errors import handle_exception
 from omni_core.server.metrics import ServerMetrics
@@ -126,6 +129,26 @@ def plugin_routes(plugins: Any) -> list[Any]:
     return [load_ref(ref) for ref in getattr(plugins, "routes", ())]
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not listening yet), taken before the pipeline loads: a
+    port in use fails at once instead of after minutes of loading, and nothing else can take the
+    port meanwhile (vLLM's ``serve`` does the same). Port 0 takes a free one."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise OmniError(f"cannot serve on host {host!r}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = "the address is already in use (another server? pick another --port)" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise OmniError(f"cannot serve on {host}:{port}: {why}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
 def run_server(
     model: str,
     *,
@@ -145,11 +168,15 @@ def run_server(
     from omni_core.config import resolve
     from omni_core.plugins import default_plugins
 
+    sock = bind_socket(host, port)
+    port = sock.getsockname()[1]
     host_plugins = plugins if plugins is not None else default_plugins()
     engine = AsyncOmniEngine(resolve(model, deploy=deploy, overrides=overrides, plugins=host_plugins))
-    url = f"http://{host}:{port}"
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     app = create_app(
         engine, model_name=model, api_key=api_key, max_body_bytes=max_body_bytes, extra_routes=plugin_routes(host_plugins), url=url,
         media=media, max_prompt_chars=max_prompt_chars,
     )
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10)
+    with sock:
+        uvicorn.Server(config).run(sockets=[sock])

@@ -21,6 +21,9 @@ import attrs
 from omni_core.errors import OmniError
 
 
+PORT_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -59,22 +62,31 @@ class LiveServer:
 
         `api_key` is passed as ``--api-key`` (None: no key, unless `env` sets ``OMNI_API_KEY``).
         """
-        port = free_port()
-        log = Path(tempfile.mkstemp(prefix=f"omni-serve-{port}-", suffix=".log")[1])
-        command = [*omni_command(), "serve", model, "--port", str(port), *args]
-        if api_key is not None:
-            command += ["--api-key", api_key]
-        full_env = {**os.environ, **(env or {})}
-        with log.open("wb") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
         key = api_key if api_key is not None else (env or {}).get("OMNI_API_KEY")
-        server = cls(process, f"http://127.0.0.1:{port}", log, key)
-        try:
-            server.wait_ready(timeout)
-        except BaseException:
-            server.kill()
-            raise
-        return server
+        full_env = {**os.environ, **(env or {})}
+        for attempt in range(PORT_ATTEMPTS):
+            # The port is free when chosen, but another process may take it before `omni serve`
+            # binds it (the server binds before loading, so this window is its start-up only).
+            port = free_port()
+            log = Path(tempfile.mkstemp(prefix=f"omni-serve-{port}-", suffix=".log")[1])
+            command = [*omni_command(), "serve", model, "--port", str(port), *args]
+            if api_key is not None:
+                command += ["--api-key", api_key]
+            with log.open("wb") as out:
+                process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+            server = cls(process, f"http://127.0.0.1:{port}", log, key)
+            try:
+                server.wait_ready(timeout)
+            except OmniError:
+                server.kill()
+                if attempt + 1 < PORT_ATTEMPTS and process.returncode is not None and "already in use" in server.log_tail():
+                    continue
+                raise
+            except BaseException:
+                server.kill()
+                raise
+            return server
+        raise AssertionError("unreachable")
 
     def wait_ready(self, timeout: float) -> None:
         import httpx
