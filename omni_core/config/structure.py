@@ -75,6 +75,8 @@ def _collect_errors(exc: BaseException, path: str) -> list[tuple[str, str]]:
         for sub in without_notes:
             problems += _collect_errors(sub, path)
         return problems or [(path, str(exc))]
+    if isinstance(exc, ValueError) and len(exc.args) > 1 and isinstance(exc.args[0], str):
+        return [(path, exc.args[0])]  # attrs' `in_` validator: (message, attribute, options, value)
     return [(path, str(exc) or type(exc).__name__)]
 
 

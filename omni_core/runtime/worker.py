@@ -169,6 +169,8 @@ class StageWorker:
             active = len(self.requests)
             # cpu_threads: the OpenMP thread count the process was started with (None: the default).
             stats = {"pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS"), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+            if self.runtime is not None:
+                stats |= self.runtime.health_stats()
             self.send(m.Pong(message.token, active, stats))
 
     def _submit(self, message: m.Submit) -> None:
@@ -265,6 +267,8 @@ class StageWorker:
         for request_id in failed:
             self._forget(request_id)
         self.send(m.StageFailed(f"{type(exc).__name__}: {exc}", failed))
+        if getattr(exc, "restart_worker", False):
+            raise exc  # the worker ends; the stage group restarts it
         assert self.runtime is not None
         try:
             self.runtime.close()

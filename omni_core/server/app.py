@@ -179,4 +179,7 @@ def run_server(
     )
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10)
     with sock:
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:
+            pass  # the server re-raises the Ctrl-C it shut down on (as `uvicorn.run` does, this ends quietly)

@@ -66,6 +66,12 @@ class StageRuntime(abc.ABC):
     """How many replicas of this kind may run inline in the engine's process (None: any number);
     `resolve()` refuses more, for runtimes whose engine keeps process-wide state."""
 
+    @classmethod
+    def check_resolved(cls, stage: ResolvedStage, options: Any) -> None:
+        """Refuse, with a `omni_core.errors.ConfigError` naming the key, a resolved stage (its
+        `options` an `Options` instance) that this runtime cannot run: `resolve()` calls this
+        after resolving every stage, before anything starts."""
+
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -99,12 +105,17 @@ class StageRuntime(abc.ABC):
     def step(self) -> list[Chunk]:
         """Advance every active request by one batched step; return the chunks produced.
 
-        A chunk with `error` set fails only its request. An exception fails the stage (every
-        request in it gets an error, and the worker may be restarted).
+        A chunk with `error` set fails only its request. An exception fails the stage: every
+        request in it gets an error and the runtime is reloaded, or, when the exception has
+        ``restart_worker = True``, the worker process ends and the stage group restarts it.
         """
 
     def close(self) -> None:
         """Release the engine and its memory."""
+
+    def health_stats(self) -> dict[str, Any]:
+        """What this replica adds to its ``/health`` entry (plain JSON values)."""
+        return {}
 
     def device(self) -> str:
         """The torch device of this replica: the `device` option, the stage's first device, else

@@ -8,10 +8,14 @@ for every group, each sample at its own step: a new request joins a running batc
 (step batching). Finished samples are decoded (batched per key) and their request gets one final
 chunk; with streaming on, every step also emits a non-final ``progress`` chunk per request.
 Aborting a request between steps frees its slots for the next step.
+
+With the ``parallel`` option a replica spans several devices (`omni_core.stages.diffusion_parallel`):
+this runtime is rank 0 and repeats each of its model part calls on the other ranks first.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections import OrderedDict
 from typing import Any
@@ -20,11 +24,12 @@ import attrs
 
 from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
-from omni_core.errors import InvalidRequestError, StageError
+from omni_core.errors import ConfigError, InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option
 from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+from omni_core.stages.diffusion_parallel import ParallelConfig, RankGroup, check_parallel, rank_devices, sample_keys
 
 BATCH_SIZES_KEPT = 1024
 
@@ -103,6 +108,16 @@ class DiffusionOptions:
             "Steps with the cache on stay eager. Ignored on CPU."
         },
     )
+    parallel: ParallelConfig = attrs.field(
+        factory=ParallelConfig,
+        metadata={
+            "doc": "Span each replica over ``cfg * ulysses`` devices (the stage's `devices`, else the first visible "
+            "GPUs, else as many CPU processes talking over gloo): ``cfg: 2`` computes the conditional and "
+            "unconditional guidance branches on different devices, ``ulysses: N`` splits the image/video tokens "
+            "over N devices (all-to-all around attention). The model part must support the mode; the replica "
+            "runs in a process and restarts as a whole when one of its ranks dies."
+        },
+    )
 
 
 @attrs.define
@@ -118,9 +133,22 @@ class DiffusionStageRuntime(StageRuntime):
     Options = DiffusionOptions
     options: DiffusionOptions
 
+    @classmethod
+    def check_resolved(cls, stage: ResolvedStage, options: DiffusionOptions) -> None:
+        from omni_core.refs import load_ref
+
+        supported = getattr(load_ref(stage.model), "parallel_modes", frozenset()) if options.parallel.world_size > 1 else None
+        check_parallel(options.parallel, stage, supported, key=f"stages.{stage.name}.options.parallel")
+        if options.parallel.world_size > 1 and options.cuda_graphs:
+            raise ConfigError(
+                f"stage {stage.name!r}: cuda_graphs do not combine with parallel (its collectives run outside a graph)",
+                key=f"stages.{stage.name}.options.cuda_graphs",
+            )
+
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         super().__init__(pipeline, stage, replica)
         self.model: DiffusionModel | None = None
+        self.ranks: RankGroup | None = None  # the other ranks, with the `parallel` option
         self.cache_default = CacheConfig(
             mode=self.options.cache, threshold=self.options.cache_threshold, warmup_steps=self.options.cache_warmup_steps  # type: ignore[arg-type]
         )
@@ -138,17 +166,27 @@ class DiffusionStageRuntime(StageRuntime):
         model = self.build_model_part(DiffusionModel)
         if progress is not None:
             progress(f"loading {self.stage.name}", 0.0)
-        model.load(
-            LoadSpec(
-                device=self.device(),
-                dtype=resolve_dtype(self.options.dtype, self.pipeline.model_path),
-                quantization=self.quantization(),
-                vae_tiling=self.options.vae_tiling,
-                vae_tile=self.options.vae_tile,
-                compile=self.options.compile,
-                cuda_graphs=self.options.cuda_graphs,
-            )
+        spec = LoadSpec(
+            device=self.device(),
+            dtype=resolve_dtype(self.options.dtype, self.pipeline.model_path),
+            quantization=self.quantization(),
+            vae_tiling=self.options.vae_tiling,
+            vae_tile=self.options.vae_tile,
+            compile=self.options.compile,
+            cuda_graphs=self.options.cuda_graphs,
         )
+        parallel = self.options.parallel
+        if parallel.world_size > 1:
+            explicit = getattr(self.options, "device", None)
+            devices = rank_devices(self.stage.devices, parallel.world_size, cuda=spec.device.startswith("cuda"))
+            if explicit is not None:
+                devices[0] = spec.device
+            if progress is not None:
+                progress(f"starting {parallel.world_size} ranks ({', '.join(parallel.modes)}) on {', '.join(devices)}", 0.0)
+            shared = {k: v for k, v in attrs.asdict(spec, recurse=False).items() if k not in ("device", "parallel")}
+            self.ranks = RankGroup(self.pipeline, self.stage, self.replica, parallel, devices, shared)
+            spec = attrs.evolve(spec, device=devices[0], parallel=self.ranks.parallel)
+        model.load(spec)
         self.model = model
         if progress is not None:
             progress(f"loaded {self.stage.name}", 1.0)
@@ -157,9 +195,17 @@ class DiffusionStageRuntime(StageRuntime):
         self._requests.clear()
         self._waiting.clear()
         self._running.clear()
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
         if self.model is not None:
             self.model.close()
             self.model = None
+
+    def health_stats(self) -> dict[str, Any]:
+        if self.ranks is None:
+            return {}
+        return {"ranks": self.ranks.describe()}
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -171,7 +217,10 @@ class DiffusionStageRuntime(StageRuntime):
             raise InvalidRequestError(f"stage {self.stage.name!r} takes its whole input at once (final=True)")
         params = dict(stage_input.params)
         cache = resolve_cache(self.cache_default, params.pop("cache", None))
-        samples = model.prepare(request_id, dict(stage_input.data), params)
+        takes_seed = model.request_params is None or "seed" in model.request_params
+        if self.ranks is not None and takes_seed and params.get("seed") is None and stage_input.data.get("seed") is None:
+            params["seed"] = random.randrange(2**31)  # one seed for every rank (DiffusionModel.parallel_modes)
+        samples = model.prepare(request_id, dict(stage_input.data), dict(params))
         if not samples:
             raise StageError(self.stage.name, f"model part prepared no samples for request {request_id!r}")
         for sample in samples:
@@ -181,6 +230,8 @@ class DiffusionStageRuntime(StageRuntime):
                     param="num_inference_steps",
                 )
             sample.cache = CacheState(cache) if cache.enabled else None
+        if self.ranks is not None:
+            self.ranks.send("prepare", request_id, dict(stage_input.data), params, cache)
         self._requests[request_id] = _Request(samples)
         for sample in samples:
             self._waiting[id(sample)] = sample
@@ -192,6 +243,8 @@ class DiffusionStageRuntime(StageRuntime):
         for sample in request.samples:
             self._waiting.pop(id(sample), None)
         self._running = [s for s in self._running if s.request_id != request_id]
+        if self.ranks is not None:
+            self.ranks.send("drop", [request_id])
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
@@ -203,6 +256,14 @@ class DiffusionStageRuntime(StageRuntime):
     # -- stepping --------------------------------------------------------------------------------
 
     def step(self) -> list[Chunk]:
+        try:
+            return self._step()
+        except Exception as exc:
+            if self.ranks is not None:
+                self.ranks.check(exc)
+            raise
+
+    def _step(self) -> list[Chunk]:
         model = self._loaded()
         if not self._admit():
             return []
@@ -213,6 +274,8 @@ class DiffusionStageRuntime(StageRuntime):
             self.batch_sizes.append(len(group))
             if len(self.batch_sizes) > 2 * BATCH_SIZES_KEPT:
                 del self.batch_sizes[:-BATCH_SIZES_KEPT]
+            if self.ranks is not None:
+                self.ranks.send("denoise", sample_keys(group))
             model.denoise(group)
             for sample in group:
                 sample.step += 1
@@ -237,6 +300,8 @@ class DiffusionStageRuntime(StageRuntime):
             admitted.append(sample)
             free -= 1
         if admitted:
+            if self.ranks is not None:
+                self.ranks.send("start", sample_keys(admitted))
             self._loaded().start(admitted)
             for sample in admitted:
                 sample.started = True
@@ -266,6 +331,8 @@ class DiffusionStageRuntime(StageRuntime):
 
     def _final(self, request_id: str, request: _Request) -> Chunk:
         del self._requests[request_id]
+        if self.ranks is not None:
+            self.ranks.send("drop", [request_id])
         outputs = [request.outputs[i] for i in sorted(request.outputs)]
         data = dict(outputs[0])
         if len(outputs) > 1:  # n samples: media keys become lists, one entry per sample

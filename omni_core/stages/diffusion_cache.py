@@ -14,7 +14,7 @@ model runs the remaining blocks only on the rows that compute. Selected per depl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import attrs
 
@@ -91,11 +91,16 @@ class CacheState:
     skipped_steps: int = 0
 
 
-def decide(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, step: list[int], total: list[int]) -> list[bool]:
+def decide(
+    states: list[tuple[CacheState | None, int]], signals: torch.Tensor, step: list[int], total: list[int],
+    sum_over_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[bool]:
     """Which rows must run the remaining blocks this step.
 
     `states[i]` is row i's (cache state, branch index); `signals[i]` its first-block residual;
     `step`/`total` the row's sample's step and step count. Rows without cache state always compute.
+    `sum_over_tokens`: where each rank holds a share of the tokens (Ulysses), sums per-row partial
+    sums over the ranks (`Parallel.sum_over_tokens`), so every rank takes the same decisions.
     """
     candidates: list[int] = []  # rows that may skip: their change since the last computed step decides
     for i, (state, branch) in enumerate(states):
@@ -109,7 +114,7 @@ def decide(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, s
         )
         if not must:
             candidates.append(i)
-    changes = _relative_changes(states, signals, candidates)
+    changes = _relative_changes(states, signals, candidates, sum_over_tokens)
     compute = [True] * len(states)
     for i, change in zip(candidates, changes):
         state, branch = states[i]
@@ -121,7 +126,10 @@ def decide(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, s
     return compute
 
 
-def _relative_changes(states: list[tuple[CacheState | None, int]], signals: torch.Tensor, rows: list[int]) -> list[float]:
+def _relative_changes(
+    states: list[tuple[CacheState | None, int]], signals: torch.Tensor, rows: list[int],
+    sum_over_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[float]:
     """Relative L1 change of each row's signal since its last computed step, in float32.
 
     Computed for all rows at once and read back with one transfer: a read per row would wait for
@@ -134,6 +142,10 @@ def _relative_changes(states: list[tuple[CacheState | None, int]], signals: torc
 
     current = signals[rows].float()
     previous = torch.stack([states[i][0].previous_signal[states[i][1]] for i in rows]).float()  # type: ignore[union-attr]
+    if sum_over_tokens is not None:  # the ratio of sums is the ratio of means over the whole row
+        sums = sum_over_tokens(torch.stack([(current - previous).abs().flatten(1).sum(1), previous.abs().flatten(1).sum(1)]))
+        change = sums[0] / sums[1].clamp_min(1e-12)
+        return [float(x) for x in change.tolist()]
     change = (current - previous).abs().flatten(1).mean(1) / previous.abs().flatten(1).mean(1).clamp_min(1e-12)
     return [float(x) for x in change.tolist()]
 

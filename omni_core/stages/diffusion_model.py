@@ -22,6 +22,8 @@ import attrs
 
 from omni_core.parts import Part
 
+from omni_core.stages.diffusion_parallel import SINGLE, Parallel
+
 if TYPE_CHECKING:
     from omni_core.stages.diffusion_cache import CacheState
 
@@ -62,6 +64,8 @@ class LoadSpec:
     - `compile`: compile the denoiser's layers with `torch.compile` (slower first step per shape).
     - `cuda_graphs`: replay the denoiser's forward as a CUDA graph while the batch stays the same
       (`omni_core.stages.cuda_graphs`); ignored off CUDA.
+    - `parallel`: this rank's place in a replica that spans several devices and the collectives
+      to split a step with (`omni_core.stages.diffusion_parallel`); `SINGLE` for one device.
     """
 
     device: str
@@ -71,18 +75,26 @@ class LoadSpec:
     vae_tile: int | None = None
     compile: bool = False
     cuda_graphs: bool = False
+    parallel: Parallel = SINGLE
 
 
 class DiffusionModel(Part, abc.ABC):
     """What a ``diffusion`` stage's model part does.
 
     `max_steps` bounds a request's denoising steps (more is rejected before any work starts).
+    `parallel_modes`: which of ``cfg`` and ``ulysses`` (`omni_core.stages.diffusion_parallel`) the
+    model part's `denoise` implements with `LoadSpec.parallel`; the stage's ``parallel`` option may
+    ask for these only. Every rank runs `prepare`, `start` and `denoise` on the same samples;
+    only rank 0 runs `decode`. A model part that draws a random seed when a request gives none
+    must read it from ``seed`` in the stage input's data or params: without one, the runtime draws
+    a seed for all ranks and passes it as the ``seed`` parameter.
     `request_params`: the names of the per-request parameters `prepare` takes (the runtime's own
     ``cache`` is always taken); the engine refuses any other before the request starts, even where
     the stage runs after others. ``None``: not declared, `prepare` alone checks them.
     """
 
     max_steps: int = 1000
+    parallel_modes: frozenset[str] = frozenset()
     request_params: frozenset[str] | None = None
 
     @abc.abstractmethod

@@ -9,6 +9,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from omni_core.stages.diffusion_parallel import SINGLE, Parallel
+
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -75,8 +77,9 @@ def attention_per_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     the projection needs a second, transposing copy (together 2 ms of a 41 ms H200 step at 512 pixels).
     """
     n_max = context.keys[0].shape[1]
+    end = None if context.gen_tokens is None else n_max + context.gen_tokens  # Ulysses padding cut off
     outs = [
-        attention(q[i : i + 1], keys[i : i + 1, n_max - length :], values[i : i + 1, n_max - length :]).transpose(1, 2)
+        attention(q[i : i + 1], keys[i : i + 1, n_max - length : end], values[i : i + 1, n_max - length : end]).transpose(1, 2)
         for i, length in enumerate(context.lengths)
     ]
     return torch.cat(outs, dim=0).transpose(1, 2)
@@ -87,6 +90,9 @@ class Context:
     """Per-row attention context of a generator step: padded reasoner keys/values and positions.
 
     Reasoner keys are right-aligned: row i's real keys are ``keys[layer][i, N_max - lengths[i]:]``.
+    Under Ulysses (`parallel`), `cos`/`sin` are this rank's share of the generator tokens (padded to
+    a multiple of the ranks), the keys/values this rank's share of the heads, and `gen_tokens`
+    the real generator tokens (the padded keys are masked).
     """
 
     keys: list[torch.Tensor]  # per layer [B, N_max, kvh, hd]
@@ -95,6 +101,30 @@ class Context:
     cos: torch.Tensor  # [B, M, 1, hd]
     sin: torch.Tensor
     lengths: list[int] = attrs.field(factory=list)  # real reasoner keys per row
+    parallel: Parallel = SINGLE
+    expand_kv: bool = False  # repeat the key/value heads to the query heads before the all-to-all
+    gen_tokens: int | None = None  # real generator tokens, when padded for Ulysses
+
+    def for_ranks(self, parallel: Parallel, gen_tokens: int, heads: int) -> "Context":
+        """This context as a Ulysses rank uses it (built over the padded tokens, whole keys):
+        the padded keys masked, this rank's share of the heads and of the rotary tables."""
+        if parallel.ulysses == 1:
+            return self
+        kv_heads = self.keys[0].shape[2]
+        expand = kv_heads % parallel.ulysses != 0
+        if heads % parallel.ulysses:
+            raise ValueError(f"{heads} attention heads do not split over {parallel.ulysses} Ulysses ranks")
+
+        def share(x: torch.Tensor) -> torch.Tensor:
+            return parallel.head_share(x.repeat_interleave(heads // kv_heads, dim=2) if expand else x).contiguous()
+
+        mask = self.mask.clone()
+        mask[..., self.keys[0].shape[1] + gen_tokens :] = False
+        return attrs.evolve(
+            self, keys=[share(k) for k in self.keys], values=[share(v) for v in self.values], mask=mask,
+            cos=parallel.shard(self.cos, 1), sin=parallel.shard(self.sin, 1), parallel=parallel, expand_kv=expand,
+            gen_tokens=gen_tokens,
+        )
 
     @classmethod
     def build(cls, rows: list[Any], cos: torch.Tensor, sin: torch.Tensor, gen_len: int, device: torch.device) -> "Context":
@@ -122,7 +152,7 @@ class Context:
 
         return Context(
             [pick(k) for k in self.keys], [pick(v) for v in self.values], pick(self.mask), pick(self.cos), pick(self.sin),
-            [self.lengths[i] for i in index],
+            [self.lengths[i] for i in index], self.parallel, self.expand_kv, self.gen_tokens,
         )
 
 
@@ -171,12 +201,22 @@ EAGER = LayerKernels()
 
 
 def generator_layer(layer: Any, gen: torch.Tensor, context: Context, index: int, kernels: LayerKernels = EAGER) -> torch.Tensor:
-    """One decoder layer's generator pathway (`Cosmos3VLTextMoTDecoderLayer`), batched over rows."""
+    """One decoder layer's generator pathway (`Cosmos3VLTextMoTDecoderLayer`), batched over rows.
+
+    Under Ulysses `gen` is this rank's share of the tokens: all-to-alls around attention give it
+    every token of its share of the heads, then its tokens of every head back."""
     q, k, v = kernels.qkv(layer, gen, context.cos, context.sin)
+    parallel = context.parallel
+    if parallel.ulysses > 1:
+        if context.expand_kv:
+            k, v = (x.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for x in (k, v))
+        q, k, v = parallel.seq_to_heads(q), parallel.seq_to_heads(k), parallel.seq_to_heads(v)
     keys = torch.cat([context.keys[index], k], dim=1)
     values = torch.cat([context.values[index], v], dim=1)
     if gen.is_cuda and context.lengths:
         out = attention_per_row(q, keys, values, context)
     else:
         out = attention(q, keys, values, mask=context.mask)
+    if parallel.ulysses > 1:
+        out = parallel.heads_to_seq(out.transpose(1, 2)).transpose(1, 2)
     return kernels.out(layer, gen, out)

@@ -14,6 +14,9 @@ modules (`Cosmos3OmniTransformer`, `AutoencoderKLWan`, `Cosmos3AVAEAudioTokenize
 - Samples with equal latent shapes (and sound lengths) share a forward: that is the batch key.
 - Classifier-free guidance, per-sample schedulers (UniPC keeps history) and the VAE decode follow
   the pipeline exactly, so each request's output equals the pipeline run alone on it.
+- A replica may span devices (the stage's ``parallel`` option): with ``cfg: 2`` each guidance
+  branch's rows run on their own rank, with ``ulysses: N`` each rank runs 1/N of the generator
+  tokens (`omni_core.stages.diffusion_parallel`); the reasoner runs on each rank for its rows.
 - Action tasks (``policy``, ``inverse_dynamics``; checkpoints with ``action_gen``) add action
   tokens after the vision tokens (embodiment-specific projections, one domain per sample) and keep
   the conditioning latent frames clean (no timestep embedding, zero velocity), as the pipeline does
@@ -38,6 +41,7 @@ from omni_core.parts import PartContext
 from omni_core.stages import diffusion_cache
 from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+from omni_core.stages.diffusion_parallel import SINGLE
 from omni_cosmos3 import diffusers_private
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
@@ -54,6 +58,7 @@ class Cosmos3Model(DiffusionModel):
     """The ``generator`` stage's model part (also its factory: ``Cosmos3Model(context)``)."""
 
     max_steps = 200  # the multistep scheduler's step update fails further (IndexError at 400 steps)
+    parallel_modes = frozenset({"cfg", "ulysses"})
     request_params = PARAMS
 
     def __init__(self, context: PartContext) -> None:
@@ -68,6 +73,7 @@ class Cosmos3Model(DiffusionModel):
         self.kernels = EAGER
         self.graphs: GraphCache | None = None  # CUDA graphs of the generator stack (LoadSpec.cuda_graphs)
         self.vae_decode: SingleFrameDecoder | None = None  # `vae.decode(z).sample`, in 2-D for images
+        self.parallel = SINGLE
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -78,6 +84,7 @@ class Cosmos3Model(DiffusionModel):
             raise MissingDependencyError(f"Cosmos3 needs diffusers: pip install '{DIFFUSERS_REQUIREMENT}' ({exc})") from None
 
         self.dtype = getattr(torch, spec.dtype)
+        self.parallel = spec.parallel
         kwargs: dict[str, Any] = {"enable_safety_checker": False}
         if self.dtype != torch.float32:
             kwargs["torch_dtype"] = self.dtype
@@ -332,7 +339,10 @@ class Cosmos3Model(DiffusionModel):
             if sample.state.actions is not None:
                 self._start_actions(sample.state)
         group_schedulers(samples)
-        rows = [row for sample in samples for row in sample.state.rows]
+        # This rank's guidance branches only (all of them on one device).
+        rows = [row for sample in samples for branch, row in enumerate(sample.state.rows) if self.parallel.owns_branch(branch)]
+        if not rows:
+            return
         transformer = self.transformer
         lengths = [len(row.input_ids) for row in rows]
         n_max = max(lengths)
@@ -441,34 +451,46 @@ class Cosmos3Model(DiffusionModel):
             action_in = torch.stack([st.actions.latents for st in states]).to(tokens.dtype)  # [S, Ta, D]
             # Every action token is generated in these tasks, so every one gets the timestep embedding.
             parts.append(transformer.action_proj_in(action_in, domains) + transformer.action_modality_embed + temb)
-        gen = torch.cat(parts, dim=1).index_select(0, device_rows(row_sample, self.device))  # [B, M, H]
+        inputs = torch.cat(parts, dim=1)  # [S, M, H]
+        num_tokens = inputs.shape[1]
 
-        context = self._context(samples[0].batch_key, rows, gen)
-
-        cache_rows = [(samples[row_sample[i]].cache, _branch(rows, row_sample, i)) for i in range(len(rows))]
-        if any(state is not None for state, _ in cache_rows):
-            gen = self._cached_stack(gen, context, cache_rows, samples, row_sample)
-        else:
-            def stack(x: torch.Tensor) -> torch.Tensor:
-                for index, layer in enumerate(transformer.layers):
-                    x = generator_layer(layer, x, context, index, self.kernels)
-                return x
-
-            if self.graphs is not None:  # the context's tensors stay put while it is the group's
-                gen = self.graphs.run((samples[0].batch_key, id(context)), stack, gen, keepalive=context)
+        # This rank's rows (all of them on one device); each row's tokens, or under Ulysses this
+        # rank's share of them.
+        parallel = self.parallel
+        local = [i for i in range(len(rows)) if parallel.owns_branch(_branch(rows, row_sample, i))]
+        local_sample = [row_sample[i] for i in local]
+        preds_vision = preds_sound = preds_action = None
+        if local:
+            gen = parallel.shard(inputs.index_select(0, device_rows(local_sample, self.device)), 1)  # [B, M/U, H]
+            context = self._context(samples[0].batch_key, [rows[i] for i in local], num_tokens, gen.dtype)
+            cache_rows = [(samples[row_sample[i]].cache, _branch(rows, row_sample, i)) for i in local]
+            if any(state is not None for state, _ in cache_rows):
+                gen = self._cached_stack(gen, context, cache_rows, samples, local_sample, num_tokens)
             else:
-                gen = stack(gen)
-        gen = transformer.norm_moe_gen(gen)
+                def stack(x: torch.Tensor) -> torch.Tensor:
+                    for index, layer in enumerate(transformer.layers):
+                        x = generator_layer(layer, x, context, index, self.kernels)
+                    return x
 
-        preds_vision = unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
-        preds_sound = None
-        if states[0].sound_latents is not None:
-            preds_sound = transformer.audio_proj_out(gen[:, num_vision : num_vision + num_sound]).transpose(1, 2)  # [B, Cs, Ts]
-        preds_action = None
-        if has_actions:
-            # Conditioning frames have no velocity (the pipeline predicts only the noisy ones).
-            preds_vision = preds_vision * _noisy_frames_rows(states, row_sample).to(preds_vision.dtype)
-            preds_action = transformer.action_proj_out(gen[:, num_vision + num_sound :], domains[row_sample])  # [B, Ta, D]
+                if self.graphs is not None:  # the context's tensors stay put while it is the group's
+                    gen = self.graphs.run((samples[0].batch_key, id(context)), stack, gen, keepalive=context)
+                else:
+                    gen = stack(gen)
+            gen = transformer.norm_moe_gen(parallel.gather(gen, num_tokens))
+
+            preds_vision = unpatchify(transformer.proj_out(gen[:, :num_vision]), latents.shape[1:], self.patch)
+            if states[0].sound_latents is not None:
+                preds_sound = transformer.audio_proj_out(gen[:, num_vision : num_vision + num_sound]).transpose(1, 2)  # [B, Cs, Ts]
+            if has_actions:
+                # Conditioning frames have no velocity (the pipeline predicts only the noisy ones).
+                preds_vision = preds_vision * _noisy_frames_rows(states, local_sample).to(preds_vision.dtype)
+                preds_action = transformer.action_proj_out(gen[:, num_vision + num_sound :], domains[local_sample])  # [B, Ta, D]
+        if parallel.cfg > 1:  # every rank gets every row's prediction (float32, as the guidance reads them)
+            preds_vision = parallel.combine_rows(_rows(preds_vision, latents.shape[1:], self.device), local, len(rows))
+            if states[0].sound_latents is not None:
+                preds_sound = parallel.combine_rows(_rows(preds_sound, states[0].sound_latents.shape, self.device), local, len(rows))
+            if has_actions:
+                preds_action = parallel.combine_rows(_rows(preds_action, states[0].actions.latents.shape, self.device), local, len(rows))
 
         first = 0
         grouped: dict[int, tuple[SchedulerGroup, Any, int, dict[int, torch.Tensor]]] = {}
@@ -498,29 +520,46 @@ class Cosmos3Model(DiffusionModel):
         for group, t, _, velocities in grouped.values():
             group_step(group, t, velocities)
 
-    def _context(self, key: Any, rows: list[Row], gen: torch.Tensor) -> "Context":
+    def _context(self, key: Any, rows: list[Row], num_tokens: int, dtype: torch.dtype) -> "Context":
         """The group's attention context, reused while the group's rows stay the same."""
         cached = self._contexts.get(key)
         if cached is not None and len(cached[0]) == len(rows) and all(a is b for a, b in zip(cached[0], rows)):
             self._contexts.move_to_end(key)
             return cached[1]
         positions = torch.stack([row.gen_positions for row in rows], dim=1)  # [3, B, M]
-        cos, sin = self.transformer.rotary_emb(position_ids=positions, device=self.device, dtype=gen.dtype)
-        context = Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), gen.shape[1], self.device)
+        cos, sin = self.transformer.rotary_emb(position_ids=positions, device=self.device, dtype=dtype)
+        parallel = self.parallel
+        context = Context.build(rows, cos.unsqueeze(2), sin.unsqueeze(2), parallel.padded(num_tokens), self.device)
+        context = context.for_ranks(parallel, num_tokens, self.transformer.layers[0].self_attn.num_attention_heads)
         self._contexts[key] = (list(rows), context)
         while len(self._contexts) > 4:  # groups of other shapes that have finished
             self._contexts.popitem(last=False)
         return context
 
-    def _cached_stack(self, gen: torch.Tensor, context: "Context", cache_rows: list, samples: list[DiffusionSample], row_sample: list[int]) -> torch.Tensor:
-        """First-block caching: run block 0 everywhere, the rest only on rows whose input changed enough."""
+    def _cached_stack(
+        self, gen: torch.Tensor, context: "Context", cache_rows: list, samples: list[DiffusionSample], row_sample: list[int],
+        num_tokens: int,
+    ) -> torch.Tensor:
+        """First-block caching: run block 0 everywhere, the rest only on rows whose input changed enough.
+
+        Under Ulysses every rank measures its share of the tokens (the padding left out) and the
+        ranks add their sums, so they all take the same decisions."""
         layers = list(self.transformer.layers)
         before = gen
         gen = generator_layer(layers[0], gen, context, 0, self.kernels)
         signal = gen - before
+        parallel = self.parallel
+        sums = None
+        if parallel.ulysses > 1:
+            share = gen.shape[1]
+            real = max(0, min(share, num_tokens - parallel.ulysses_rank * share))
+            if real < share:
+                signal = signal.clone()
+                signal[:, real:] = 0
+            sums = parallel.sum_over_tokens
         steps = [samples[i].step for i in row_sample]
         totals = [samples[i].total_steps for i in row_sample]
-        compute = diffusion_cache.decide(cache_rows, signal, steps, totals)
+        compute = diffusion_cache.decide(cache_rows, signal, steps, totals, sums)
         index = [i for i, c in enumerate(compute) if c]
         out = gen.clone()
         if index:
@@ -579,6 +618,13 @@ class Cosmos3Model(DiffusionModel):
 def _branch(rows: list[Row], row_sample: list[int], i: int) -> int:
     """Guidance branch of row i within its sample (0: conditional)."""
     return i - row_sample.index(row_sample[i])
+
+
+def _rows(local: torch.Tensor | None, shape: Any, device: torch.device) -> torch.Tensor:
+    """A rank's per-row predictions in float32; zero rows of `shape` when it has none."""
+    if local is None:
+        return torch.zeros(0, *shape, device=device)
+    return local.float()
 
 
 def _noisy_frames_rows(states: list[SampleState], row_sample: list[int]) -> torch.Tensor:

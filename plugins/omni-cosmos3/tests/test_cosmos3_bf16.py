@@ -119,9 +119,9 @@ def test_attention_context_is_reused_until_the_group_changes():
     class Counting:
         """Wraps the model's context lookup to see when it builds a new context."""
 
-        def __call__(self, key, rows, gen):
+        def __call__(self, key, rows, *args):
             before = model._contexts.get(key)
-            context = original(key, rows, gen)
+            context = original(key, rows, *args)
             builds.append(before is None or before[1] is not context)
             return context
 
