@@ -14,7 +14,11 @@ process's peak RSS on CPU):
 1. diffusers `Cosmos3OmniPipeline`, one request at a time (it cannot batch requests), at
    concurrency 1 (requests back to back) and N (N requests arrive together and queue);
 2. Omni (the ``generator`` diffusion stage, inline placement) at concurrency 1 and N, cache off;
-3. Omni at concurrency N with first-block caching at each ``--cache-thresholds`` value.
+3. Omni at concurrency N with first-block caching at each ``--cache-thresholds`` value;
+4. with ``--parallel cfg=2,ulysses=2`` (issue 24, on a machine with 2 GPUs): Omni's stage spanning
+   2 devices in each mode (``generator.options.parallel``, in a worker process and its rank
+   process), at concurrency 1 and N, against the one-device Omni above: latency at concurrency 1
+   and images/s at N. Their peak memory is not measured (other processes hold it).
 
 Every request: text-to-image, ``--steps`` steps (20), CFG ``--guidance`` (4.0), its own prompt and
 seed; Omni and diffusers get the same prompts and seeds, so their images are compared (PSNR).
@@ -80,6 +84,9 @@ GOALS = {  # issue 5, at concurrency N
     "mfu": 0.60,
     "cache_speedup": 1.8,
     "cache_psnr_db": 30.0,
+    # issue 24: latency at concurrency 1 over one device's, images/s at N over one device's
+    "parallel_latency": {"cfg": 1.8, "ulysses": 1.7},
+    "parallel_throughput": 1.9,
 }
 
 
@@ -277,7 +284,10 @@ class DiffusersSystem:
 class OmniSystem:
     """Omni: the Cosmos3 family's pipeline (one diffusion stage, inline), resolved without entry points."""
 
-    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, compile: bool = False, cuda_graphs: bool = False) -> None:
+    def __init__(
+        self, model: str, device: str, dtype: str, max_num_seqs: int, compile: bool = False, cuda_graphs: bool = False,
+        parallel: dict[str, int] | None = None,
+    ) -> None:
         import omni_cosmos3.plugin
         from omni_core import Omni
         from omni_core.config import resolve
@@ -288,6 +298,11 @@ class OmniSystem:
         overrides = ["generator.placement=inline", f"generator.max_num_seqs={max_num_seqs}", "streaming=false",
                      f"generator.dtype={dtype}", f"generator.device={device}", f"generator.compile={str(compile).lower()}",
                      f"generator.cuda_graphs={str(cuda_graphs).lower()}"]
+        self.system = "omni"
+        if parallel:  # rank processes: the stage runs in a worker process, on the first visible devices
+            overrides = [o for o in overrides if not o.startswith(("generator.placement=", "generator.device="))]
+            overrides += ["generator.placement=process"] + [f"generator.options.parallel.{k}={v}" for k, v in parallel.items()]
+            self.system = "omni " + ",".join(f"{k}={v}" for k, v in parallel.items())
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
 
     @staticmethod
@@ -316,7 +331,8 @@ class OmniSystem:
             latencies = [done[r.request_id] for r in results]
         elapsed = time.perf_counter() - start
         skipped = [r.extra.get("generator", {}).get("cache", {}).get("skipped_steps", 0) for r in results] if cache is not None else [0]
-        return Run("omni" if cache is None else "omni+cache", concurrency, requests, elapsed, latencies, memory.peak_mib(),
+        system = self.system if cache is None else f"{self.system}+cache"
+        return Run(system, concurrency, requests, elapsed, latencies, memory.peak_mib(),
                    cache_threshold=cache, skipped_steps=float(np.mean(skipped)), images=[r.images[0] for r in results])
 
     def close(self) -> None:
@@ -388,6 +404,15 @@ class Report:
         omni_n = self.find("omni", n)
         if base1 and omni_n:
             out["omni_cN_over_sequential"] = omni_n.images_per_s / base1.images_per_s
+        omni_1 = self.find("omni", 1)
+        for run in self.runs:
+            if run.system.startswith("omni ") and not run.system.endswith("+cache"):
+                mode = run.system.split(" ", 1)[1]
+                if run.concurrency == 1 and omni_1:
+                    out[f"parallel {mode} latency c1"] = float(np.mean(omni_1.latencies_s) / np.mean(run.latencies_s))
+                    out[f"psnr_parallel {mode}_vs_omni_db"] = min(psnr(a, b) for a, b in zip(run.images, omni_1.images))
+                if run.concurrency == n and omni_n:
+                    out[f"parallel {mode} images/s c{n}"] = run.images_per_s / omni_n.images_per_s
         if omni_n:
             for run in self.runs:
                 if run.system == "omni+cache" and run.concurrency == n:
@@ -443,6 +468,11 @@ class Report:
                              f"{'met' if ok else 'not met'})")
             elif key.startswith("psnr"):
                 lines.append(f"- {key}: {value:.1f} dB (same prompts and seeds; bf16 rounding differs between the two)")
+            elif key.startswith("parallel "):
+                mode = key.split()[1].split("=")[0]
+                goal = GOALS["parallel_latency"][mode] if "latency" in key else GOALS["parallel_throughput"]
+                what = "lower latency than one device" if "latency" in key else "the images/s of one device"
+                lines.append(f"- {key}: {value:.2f}x {what} (goal >= {goal:g}x: {'met' if value >= goal else 'not met'})")
             else:
                 lines.append(f"- {key}: {value:.2f}x")
         omni_n = next((r for r in rows if r["system"] == "omni" and r["concurrency"] == n), None)
@@ -546,7 +576,7 @@ def run_part(args: argparse.Namespace) -> Report:
     measured("diffusers c1", lambda: base.run(1, preset.requests_at_1, size, steps, guidance, memory))
     measured(f"diffusers c{n}", lambda: base.run(n, n, size, steps, guidance, memory))
     base.close()
-    del base, pipe
+    base = pipe = None  # drop the last references to diffusers' weights
     memory.reset()
     if args.device.startswith("cuda"):  # should be ~0: Omni's peak must not include diffusers' weights
         report.meta["cuda_allocated_before_omni_mib"] = torch.cuda.memory_allocated(args.device) / 2**20
@@ -566,9 +596,31 @@ def run_part(args: argparse.Namespace) -> Report:
             measured(f"omni+cache {threshold} c{n}", lambda: omni.run(n, n, size, steps, guidance, memory, cache=threshold))
     finally:
         omni.close()
+    for parallel in args.parallel or ():
+        name = ",".join(f"{k}={v}" for k, v in parallel.items())
+        if over_budget(f"omni {name}"):
+            continue
+        began = time.perf_counter()
+        spanning = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, compile=args.compile, parallel=parallel)
+        report.meta[f"omni_{name}_load_s"] = time.perf_counter() - began
+        try:
+            spanning.omni.generate(OmniSystem.request(0, size, min(2, steps), guidance, None))
+            spanning.omni.generate([OmniSystem.request(i, size, min(2, steps), guidance, None) for i in range(n)])
+            measured(f"omni {name} c1", lambda: spanning.run(1, preset.requests_at_1, size, steps, guidance, memory))
+            measured(f"omni {name} c{n}", lambda: spanning.run(n, n, size, steps, guidance, memory))
+        finally:
+            spanning.omni.close()
     report.meta["total_s"] = time.perf_counter() - t0
     report.write()
     return report
+
+
+def _parallel_modes(text: str) -> list[dict[str, int]]:
+    """``cfg=2,ulysses=2`` -> [{"cfg": 2}, {"ulysses": 2}]; ``cfg=2+ulysses=2`` -> one mode with both."""
+    modes = []
+    for mode in text.split(","):
+        modes.append({k: int(v) for k, v in (part.split("=", 1) for part in mode.split("+"))})
+    return modes
 
 
 def main() -> None:
@@ -587,6 +639,8 @@ def main() -> None:
     parser.add_argument("--ceiling-n", type=int, default=None, help="matmul size of the ceiling (default 8192 on CUDA, 1024 on CPU)")
     parser.add_argument("--compile", action="store_true", help="Omni's stage with generator.compile=true (torch.compile)")
     parser.add_argument("--cuda-graphs", action="store_true", help="Omni's stage with generator.cuda_graphs=true")
+    parser.add_argument("--parallel", type=_parallel_modes, default=None,
+                        help="also Omni's stage over devices, per mode: e.g. cfg=2,ulysses=2 (each alone), or cfg=2+ulysses=2")
     parser.add_argument("--no-flop-check", dest="flop_check", action="store_false", help="skip the FlopCounterMode check")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no configuration after this many seconds")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out", help="results folder (default $OUT)")

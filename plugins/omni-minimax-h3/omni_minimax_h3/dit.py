@@ -13,6 +13,11 @@ goes through ONE transformer forward (`omni_minimax_h3.packed`: the requests' pa
 concatenated, attention per request), then each request's two schedulers step its generated rows,
 as diffusers' `MiniMaxH3LoopSchedulerStep` does. The VAE encodes run here, not in the ``encoder``
 stage, because this stage holds the video VAE for decoding anyway: one copy of its weights.
+
+A replica may span devices with ``parallel: {ulysses: N}`` (`omni_core.stages.diffusion_parallel`):
+each rank runs the block stack on 1/N of every request's rows (`forward_packed`). There is no
+``cfg`` mode: the checkpoint is guidance-distilled (one forward per step, no unconditional branch),
+so a second guidance rank would have nothing to compute.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import attrs
 import numpy as np
 import torch
 
-from omni_core.errors import InvalidRequestError, MissingDependencyError
+from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError
 from omni_core.parts import PartContext
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
+from omni_core.stages.diffusion_parallel import SINGLE
 from omni_minimax_h3.loading import LOAD_LOCK
 from omni_minimax_h3.packed import CacheRow, PackedInput, forward_packed, use_segmented_attention
 from omni_minimax_h3.requests import MAX_STEPS, Geometry, Request, parse_request
@@ -59,6 +65,7 @@ class MiniMaxH3DiT(DiffusionModel):
     """The ``dit`` stage's model part (its own factory: ``MiniMaxH3DiT(context)``)."""
 
     max_steps = MAX_STEPS
+    parallel_modes = frozenset({"ulysses"})
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)
@@ -67,6 +74,7 @@ class MiniMaxH3DiT(DiffusionModel):
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.geometry: Geometry | None = None
+        self.parallel = SINGLE
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -85,6 +93,7 @@ class MiniMaxH3DiT(DiffusionModel):
         self.path = Path(diffusers_layout(self.path))  # a native partition is read through its diffusers layout
         self.dtype = getattr(torch, spec.dtype)
         self.device = torch.device(spec.device)
+        self.parallel = spec.parallel
         names = [name for name in ("vae", "audio_vae", "scheduler", "audio_scheduler", *TRANSFORMERS) if (self.path / name).is_dir()]
         pipe = ModularPipeline.from_pretrained(str(self.path))
         pipe.load_components(names=names, dtype=self.dtype)
@@ -98,6 +107,9 @@ class MiniMaxH3DiT(DiffusionModel):
 
                 quantize_linears(transformer, spec.quantization, skip=lambda n: not n.startswith("transformer_blocks."))
             use_segmented_attention(transformer)
+            heads = transformer.config.num_attention_heads
+            if heads % self.parallel.ulysses:
+                raise ConfigError(f"{name}/ has {heads} attention heads: they do not split over {self.parallel.ulysses} Ulysses ranks")
         if spec.vae_tiling:
             pipe.vae.enable_tiling()
         self.pipe = pipe
@@ -223,7 +235,7 @@ class MiniMaxH3DiT(DiffusionModel):
         transformer = getattr(self.pipe, samples[0].batch_key)
         inputs = [self._packed_input(sample.state, sample.step) for sample in samples]
         caches = [CacheRow(s.cache, s.step, s.total_steps) if s.cache is not None else None for s in samples]
-        outputs = forward_packed(transformer, inputs, caches)
+        outputs = forward_packed(transformer, inputs, caches, self.parallel)
         for sample, (video, audio) in zip(samples, outputs):
             self._scheduler_step(sample.state, sample.step, video, audio)
 

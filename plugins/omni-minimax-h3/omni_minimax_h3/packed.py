@@ -13,6 +13,14 @@ sees exactly what it sees alone (no padding, no mask), with the same kernels.
 The token refiner (attention over each request's text) runs the same way, segment by segment.
 `forward_packed` is the transformer's `forward` with those two changes; its steps and dtype casts
 follow diffusers' line by line, so one request gives the library's output.
+
+Ulysses (`omni_core.stages.diffusion_parallel`): every block is per row except attention, and its
+attention is one self-attention over the request's whole packed sequence (text, video and audio
+rows alike; the model has no cross-attention). So each rank runs the block stack on a share of
+every request's rows (`Segments.for_ranks`); around attention one all-to-all gives it every row of
+a share of the heads, and attention then runs per request over its real rows only (the padding
+that evens the shares out is never a key). The rows are joined again after the stack, so the
+output heads and every scheduler step see the whole sequence on every rank.
 """
 
 from __future__ import annotations
@@ -22,14 +30,24 @@ from typing import Any
 import attrs
 import torch
 
+from omni_core.stages.diffusion_parallel import SINGLE, Parallel
 from omni_minimax_h3 import diffusers_private
 
 
 @attrs.frozen
 class Segments:
-    """Row spans ``[start, end)`` of each request in a concatenated sequence."""
+    """Row spans ``[start, end)`` of each request in a concatenated sequence, and each request's rows.
+
+    Under Ulysses (`parallel`, from `for_ranks`) a rank holds a share of every request: the
+    request's rows padded to a multiple of the ranks, split into equal shares; `spans` are then
+    this rank's shares in its own sequence and `lengths` the requests' real rows. Splitting each
+    request, not the whole concatenation, keeps a request's share the same whatever else shares
+    the step (its first-block cache compares that share from step to step).
+    """
 
     spans: tuple[tuple[int, int], ...]
+    lengths: tuple[int, ...]
+    parallel: Parallel = SINGLE
 
     @classmethod
     def of_lengths(cls, lengths: list[int]) -> Segments:
@@ -37,13 +55,76 @@ class Segments:
         for length in lengths:
             spans.append((start, start + length))
             start += length
-        return cls(tuple(spans))
+        return cls(tuple(spans), tuple(lengths))
+
+    def for_ranks(self, parallel: Parallel) -> Segments:
+        """The layout of this rank's shares (itself on one rank)."""
+        if parallel.ulysses == 1:
+            return self
+        shares = [parallel.padded(length) // parallel.ulysses for length in self.lengths]
+        return Segments(Segments.of_lengths(shares).spans, self.lengths, parallel)
+
+    def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """This rank's shares of `x`, which holds every request's rows along `dim`, end to end."""
+        parallel = self.parallel
+        if parallel.ulysses == 1:
+            return x
+        starts = [span[0] for span in Segments.of_lengths(list(self.lengths)).spans]
+        return torch.cat([parallel.shard(x.narrow(dim, start, length), dim) for start, length in zip(starts, self.lengths)], dim)
+
+    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Every request's rows end to end, from each rank's shares (`x`): the inverse of `shard`."""
+        parallel = self.parallel
+        if parallel.ulysses == 1:
+            return x
+        everyone = parallel.gather(x, parallel.ulysses * x.shape[dim], dim)
+        return torch.cat(self.requests(everyone, dim), dim)
+
+    def requests(self, x: torch.Tensor, dim: int = 1) -> list[torch.Tensor]:
+        """Each request's real rows of `x`, which holds every rank's shares rank after rank (the
+        order an all-to-all or all-gather over the Ulysses ranks gives), or this rank's sequence."""
+        u = self.parallel.ulysses
+        if u == 1:
+            return [x.narrow(dim, start, end - start) for start, end in self.spans]
+        x = x.unflatten(dim, (u, -1))
+        return [
+            x.narrow(dim + 1, start, end - start).flatten(dim, dim + 1).narrow(dim, 0, length)
+            for (start, end), length in zip(self.spans, self.lengths)
+        ]
+
+    def join(self, parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
+        """The inverse of `requests`: per-request rows back to every rank's shares, padding zeroed."""
+        u = self.parallel.ulysses
+        if u == 1:
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+        shares = []
+        for part, (start, end) in zip(parts, self.spans):
+            extra = u * (end - start) - part.shape[dim]
+            if extra:
+                part = torch.cat([part, part.new_zeros(*part.shape[:dim], extra, *part.shape[dim + 1 :])], dim)
+            shares.append(part.unflatten(dim, (u, end - start)))
+        return torch.cat(shares, dim + 1).flatten(dim, dim + 1)
+
+    def real(self) -> list[int]:
+        """How many of each request's rows in this rank's share are real (the rest is padding)."""
+        rank = self.parallel.ulysses_rank
+        return [max(0, min(end - start, length - rank * (end - start))) for (start, end), length in zip(self.spans, self.lengths)]
+
+    def select(self, chosen: list[int]) -> Segments:
+        """The layout of requests `chosen` alone (their shares kept, packed end to end)."""
+        shares = [self.spans[i][1] - self.spans[i][0] for i in chosen]
+        return Segments(Segments.of_lengths(shares).spans, tuple(self.lengths[i] for i in chosen), self.parallel)
 
 
 class SegmentedAttention:
     """`MiniMaxH3AttnProcessor` with block-diagonal attention: given `Segments` as the attention
-    mask, each span attends to itself only (one unmasked attention per span); otherwise the
-    library's processor as it is."""
+    mask, each request attends to itself only (one unmasked attention per request); otherwise the
+    library's processor as it is.
+
+    Under Ulysses the hidden states are this rank's shares: the projections, norms and rotary
+    angles are per row, so they run on the shares; one all-to-all (queries, keys and values side by
+    side in each head) then gives every row of a share of the heads, attention runs per request
+    on its real rows, and the inverse all-to-all gives the shares back with every head."""
 
     def __init__(self) -> None:
         from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
@@ -62,14 +143,17 @@ class SegmentedAttention:
         if rotary_emb is not None:
             query = diffusers_private.apply_rotary_emb(query, *rotary_emb)
             key = diffusers_private.apply_rotary_emb(key, *rotary_emb)
+        parallel = attention_mask.parallel
+        if parallel.ulysses > 1:
+            query, key, value = parallel.seq_to_heads(torch.cat([query, key, value], dim=-1)).chunk(3, dim=-1)
+        rows = attention_mask.requests
         outputs = [
-            dispatch_attention_fn(
-                query[:, start:end].contiguous(), key[:, start:end].contiguous(), value[:, start:end].contiguous(),
-                attn_mask=None, dropout_p=0.0, is_causal=False,
-            )
-            for start, end in attention_mask.spans
+            dispatch_attention_fn(q.contiguous(), k.contiguous(), v.contiguous(), attn_mask=None, dropout_p=0.0, is_causal=False)
+            for q, k, v in zip(rows(query), rows(key), rows(value))
         ]
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        out = attention_mask.join(outputs)
+        if parallel.ulysses > 1:
+            out = parallel.heads_to_seq(out)
         out = out.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -110,13 +194,15 @@ class CacheRow:
 
 @torch.no_grad()
 def forward_packed(
-    transformer: Any, inputs: list[PackedInput], caches: list[CacheRow | None] | None = None
+    transformer: Any, inputs: list[PackedInput], caches: list[CacheRow | None] | None = None, parallel: Parallel = SINGLE
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Video and audio velocities of each request (``[Nv, ...]``, ``[Na, ...]``), with one forward for all.
 
     `caches`: per request, its first-block cache, or None (the whole stack runs). With a cache, the
     first block runs for everyone and the others only for the requests whose first-block output
     changed enough; the rest reuse the residual those blocks added at their last full step.
+    `parallel`: under Ulysses, this rank runs the block stack on its share of each request's rows
+    (every rank of the group calls this on the same inputs); every rank returns all velocities.
     The transformer must use `SegmentedAttention` (`use_segmented_attention`).
     """
     from diffusers.models.modeling_utils import get_parameter_dtype
@@ -156,12 +242,19 @@ def forward_packed(
     hidden_states = hidden_states.index_copy(1, audio_indices, audio_embeds.to(text_embeds.dtype))
     temb = t.time_embedder(t.time_proj(timestep).to(get_parameter_dtype(t.time_embedder)))
     adaln_indices = timestep_indices * MINIMAX_H3_MODALITY_NUM + token_tags
+    # The block stack runs on this rank's shares (all rows on one rank); the text refiner and the
+    # input and output projections are cheap next to it and run on every row everywhere.
+    rows = rows.for_ranks(parallel)
+    hidden_states = rows.shard(hidden_states, 1)
+    rotary_emb = (rows.shard(rotary_emb[0], 0), rows.shard(rotary_emb[1], 0))
+    adaln_indices = rows.shard(adaln_indices, 0)
     blocks = list(t.transformer_blocks)
     if caches is None or all(cache is None for cache in caches):
         for block in blocks:
             hidden_states = block(hidden_states, temb, adaln_indices, rotary_emb, rows)
     else:
         hidden_states = _cached_blocks(blocks, hidden_states, temb, adaln_indices, rotary_emb, rows, caches)
+    hidden_states = rows.gather(hidden_states, 1)
     hidden_states = t.norm_out(hidden_states, temb, timestep_indices).to(get_parameter_dtype(t.proj_out))
     video_out = t.proj_out(hidden_states).index_select(1, video_indices)[0]
     audio_out = t.audio_proj_out(hidden_states).index_select(1, audio_indices)[0]
@@ -185,25 +278,34 @@ def _cached_blocks(
     blocks: list[Any], hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor,
     rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, caches: list[CacheRow | None],
 ) -> torch.Tensor:
-    """First-block caching over packed requests: block 0 for all, the rest for the requests that must compute."""
+    """First-block caching over packed requests: block 0 for all, the rest for the requests that must compute.
+
+    Under Ulysses each rank measures its share of a request's rows (the padding zeroed) and the
+    ranks add their sums (`diffusion_cache.decide`), so they all take the same decisions."""
     from omni_core.stages import diffusion_cache
 
     before = hidden_states
     hidden_states = blocks[0](hidden_states, temb, adaln_indices, rotary_emb, rows)
     signal = hidden_states - before
+    parallel = rows.parallel
+    sum_over_tokens = None
+    if parallel.ulysses > 1:
+        for (start, end), real in zip(rows.spans, rows.real()):
+            signal[:, start + real : end] = 0
+        sum_over_tokens = parallel.sum_over_tokens
     compute = []
     for (start, end), cache in zip(rows.spans, caches):
         if cache is None:
             compute.append(True)
             continue
-        decided = diffusion_cache.decide([(cache.state, 0)], signal[:, start:end], [cache.step], [cache.total])
+        decided = diffusion_cache.decide([(cache.state, 0)], signal[:, start:end], [cache.step], [cache.total], sum_over_tokens)
         compute.append(decided[0])
     out = hidden_states.clone()
-    chosen = [span for span, c in zip(rows.spans, compute) if c]
+    chosen = [i for i, c in enumerate(compute) if c]
     if chosen:
-        index = torch.cat([torch.arange(start, end, device=hidden_states.device) for start, end in chosen])
+        index = torch.cat([torch.arange(*rows.spans[i], device=hidden_states.device) for i in chosen])
         sub = hidden_states.index_select(1, index)
-        sub_rows = Segments.of_lengths([end - start for start, end in chosen])
+        sub_rows = rows.select(chosen)
         sub_rotary = (rotary_emb[0].index_select(0, index), rotary_emb[1].index_select(0, index))
         sub_adaln = adaln_indices.index_select(0, index)
         for block in blocks[1:]:
