@@ -4,7 +4,7 @@ of them leave the shared-memory pools and the stage processes' memory where they
 
 - ``omni-tiny/qwen3-omni`` (thinker -> talker -> code2wav): 200 disconnects in a row, streaming and
   not, at different moments of the request;
-- the diffusion family ``omni-tiny/cosmos3`` (images): 8.
+- the diffusion families ``omni-tiny/cosmos3`` and ``omni-tiny/hunyuan-image3`` (images): 8 each.
   (MiniMax-H3 serves video as jobs, ``/v1/videos``: a job outlives its creating request by design,
   so it has no disconnect to test.)
 """
@@ -221,6 +221,7 @@ def test_200_disconnects_release_every_buffer_and_keep_memory_flat(qwen_server: 
 DIFFUSION = {
     # model: (stage, steps and size that make one request last several seconds here)
     "omni-tiny/cosmos3": ("generator", 200, "128x128"),
+    "omni-tiny/hunyuan-image3": ("dit", 200, "64x64"),  # t2i: its dit stage alone
 }
 DIFFUSION_DISCONNECTS = 8
 

@@ -137,7 +137,7 @@ def resolve_pipeline(
     for stage in stages:  # what each runtime refuses of the resolved stage (`StageRuntime.check_resolved`)
         check = getattr(load_ref(stage.runtime_ref), "check_resolved", None)
         if check is not None:
-            check(stage, structure_config(stage.options, options_classes[stage.kind]))
+            check(stage, structure_config(stage.options, options_classes[stage.kind]), model_path)
     output_connector, output_ref, output_options = resolve_output_connector(
         pipeline, deploy_config, user_raw, raw, stage_deploys, plugins
     )

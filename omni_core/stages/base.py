@@ -67,10 +67,10 @@ class StageRuntime(abc.ABC):
     `resolve()` refuses more, for runtimes whose engine keeps process-wide state."""
 
     @classmethod
-    def check_resolved(cls, stage: ResolvedStage, options: Any) -> None:
+    def check_resolved(cls, stage: ResolvedStage, options: Any, model_path: str) -> None:
         """Refuse, with a `omni_core.errors.ConfigError` naming the key, a resolved stage (its
-        `options` an `Options` instance) that this runtime cannot run: `resolve()` calls this
-        after resolving every stage, before anything starts."""
+        `options` an `Options` instance; `model_path` the local checkpoint) that this runtime
+        cannot run: `resolve()` calls this after resolving every stage, before anything starts."""
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         self.pipeline = pipeline

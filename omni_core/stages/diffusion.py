@@ -134,11 +134,20 @@ class DiffusionStageRuntime(StageRuntime):
     options: DiffusionOptions
 
     @classmethod
-    def check_resolved(cls, stage: ResolvedStage, options: DiffusionOptions) -> None:
+    def check_resolved(cls, stage: ResolvedStage, options: DiffusionOptions, model_path: str) -> None:
         from omni_core.refs import load_ref
 
-        supported = getattr(load_ref(stage.model), "parallel_modes", frozenset()) if options.parallel.world_size > 1 else None
-        check_parallel(options.parallel, stage, supported, key=f"stages.{stage.name}.options.parallel")
+        if options.parallel.world_size == 1:
+            return
+        part = load_ref(stage.model)
+        key = f"stages.{stage.name}.options.parallel"
+        check_parallel(options.parallel, stage, getattr(part, "parallel_modes", frozenset()), key=key)
+        check_checkpoint = getattr(part, "check_parallel", None)
+        if check_checkpoint is not None:
+            try:
+                check_checkpoint(options.parallel, model_path)
+            except ConfigError as exc:
+                raise ConfigError(exc.message, key=key) from None
         if options.parallel.world_size > 1 and options.cuda_graphs:
             raise ConfigError(
                 f"stage {stage.name!r}: cuda_graphs do not combine with parallel (its collectives run outside a graph)",

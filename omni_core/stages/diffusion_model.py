@@ -22,7 +22,7 @@ import attrs
 
 from omni_core.parts import Part
 
-from omni_core.stages.diffusion_parallel import SINGLE, Parallel
+from omni_core.stages.diffusion_parallel import SINGLE, Parallel, ParallelConfig
 
 if TYPE_CHECKING:
     from omni_core.stages.diffusion_cache import CacheState
@@ -96,6 +96,12 @@ class DiffusionModel(Part, abc.ABC):
     max_steps: int = 1000
     parallel_modes: frozenset[str] = frozenset()
     request_params: frozenset[str] | None = None
+
+    @classmethod
+    def check_parallel(cls, config: ParallelConfig, model_path: str) -> None:
+        """Refuse, with a `omni_core.errors.ConfigError`, a ``parallel`` setting this checkpoint
+        cannot run (e.g. attention heads that do not split over the Ulysses ranks, `check_heads`):
+        `resolve()` calls it before anything loads. The default takes every declared mode."""
 
     @abc.abstractmethod
     def load(self, spec: LoadSpec) -> None:

@@ -104,6 +104,12 @@ def check_parallel(config: ParallelConfig, stage: "ResolvedStage", supported: fr
         )
 
 
+def check_heads(config: ParallelConfig, heads: int, where: str) -> None:
+    """Refuse Ulysses ranks that the attention heads (`heads`, read from `where`) do not split over."""
+    if heads % config.ulysses:
+        raise ConfigError(f"ulysses {config.ulysses} does not divide the {heads} attention heads of {where}: use a divisor of {heads}")
+
+
 def rank_devices(stage_devices: tuple[str, ...], world_size: int, cuda: bool) -> list[str]:
     """The device of each rank: the stage's devices (as its process sees them), else the first
     visible GPUs, else the CPU for every rank."""

@@ -26,6 +26,7 @@ modules (`Cosmos3OmniTransformer`, `AutoencoderKLWan`, `Cosmos3AVAEAudioTokenize
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
 from collections import OrderedDict
@@ -41,7 +42,7 @@ from omni_core.parts import PartContext
 from omni_core.stages import diffusion_cache
 from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
-from omni_core.stages.diffusion_parallel import SINGLE
+from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_heads
 from omni_cosmos3 import diffusers_private
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
@@ -76,6 +77,12 @@ class Cosmos3Model(DiffusionModel):
         self.parallel = SINGLE
 
     # -- loading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def check_parallel(cls, config: ParallelConfig, model_path: str) -> None:
+        path = Path(model_path) / "transformer" / "config.json"
+        if config.ulysses > 1 and path.is_file():
+            check_heads(config, int(json.loads(path.read_text())["num_attention_heads"]), "transformer/config.json")
 
     def load(self, spec: LoadSpec) -> None:
         try:

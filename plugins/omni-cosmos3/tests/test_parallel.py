@@ -134,6 +134,7 @@ async def _wait_running(engine, timeout: float = 60.0) -> None:
         (("generator.options.parallel.ulysses=2", "generator.options.cuda_graphs=true"), "stages.generator.options.cuda_graphs", "do not combine"),
         (("generator.options.parallel.ulysses=2", "generator.devices=[cpu]"), "stages.generator.devices", "needs 2 devices"),
         (("generator.options.parallel.cfg=3",), "stages.generator.options.parallel", "must be in (1, 2)"),
+        (("generator.options.parallel.ulysses=4",), "stages.generator.options.parallel", "ulysses 4 does not divide the 2 attention heads"),
     ],
 )
 def test_parallel_settings_it_cannot_run_are_config_errors(overrides, key, message):

@@ -23,6 +23,7 @@ so a second guidance rank would have nothing to compute.
 from __future__ import annotations
 
 import copy
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ import torch
 from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError
 from omni_core.parts import PartContext
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
-from omni_core.stages.diffusion_parallel import SINGLE
+from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_heads
 from omni_minimax_h3.loading import LOAD_LOCK
 from omni_minimax_h3.packed import CacheRow, PackedInput, forward_packed, use_segmented_attention
 from omni_minimax_h3.requests import MAX_STEPS, Geometry, Request, parse_request
@@ -77,6 +78,14 @@ class MiniMaxH3DiT(DiffusionModel):
         self.parallel = SINGLE
 
     # -- loading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def check_parallel(cls, config: ParallelConfig, model_path: str) -> None:
+        # A diffusers layout is checked here; a native partition's config is read when it loads.
+        for name in TRANSFORMERS:
+            path = Path(model_path) / name / "config.json"
+            if config.ulysses > 1 and path.is_file():
+                check_heads(config, int(json.loads(path.read_text())["num_attention_heads"]), f"{name}/config.json")
 
     def load(self, spec: LoadSpec) -> None:
         with LOAD_LOCK:  # diffusers' lazy imports and from_pretrained are not thread-safe (`loading`)

@@ -135,3 +135,9 @@ def test_cfg_parallel_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"does not support cfg parallelism \(it supports: ulysses\)") as info:
         resolve(MODEL, overrides=["dit.options.parallel.cfg=2"])
     assert info.value.key == "stages.dit.options.parallel"
+
+
+def test_ulysses_the_heads_do_not_split_over_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"ulysses 4 does not divide the 2 attention heads of transformer/config.json") as info:
+        resolve(MODEL, overrides=["dit.options.parallel.ulysses=4"])
+    assert info.value.key == "stages.dit.options.parallel"
