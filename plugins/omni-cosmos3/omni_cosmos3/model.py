@@ -45,6 +45,7 @@ from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, Lo
 from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_heads
 from omni_cosmos3 import diffusers_private
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
+from omni_cosmos3.positions import build_row
 from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
 from omni_cosmos3.scheduling import scheduler_step
 from omni_cosmos3.tasks import PARAMS, TASKS, ActionSpec, Request, parse_request
@@ -258,7 +259,10 @@ class Cosmos3Model(DiffusionModel):
             scheduler.set_timesteps(request.num_inference_steps, device=self.device)
         branches = [cond_ids] + ([uncond_ids] if request.guidance_scale != 1.0 else [])
         action_len = actions.length if actions is not None else 0
-        rows = [self._row(ids, latent_shape, sound, request.fps, action_len) for ids in branches]
+        rows = [
+            build_row(self.transformer.config, ids, latent_shape, sound, request.fps, self.patch, self.sf_temporal, self.device, action_len)
+            for ids in branches
+        ]
         if actions is not None:
             actions.scheduler = copy.deepcopy(scheduler)
         return SampleState(
@@ -286,57 +290,6 @@ class Cosmos3Model(DiffusionModel):
             conditioning=conditioning,
             generator=generator,
         )
-
-    def _row(
-        self, input_ids: list[int], latent_shape: tuple[int, ...], sound: torch.Tensor | None, fps: float, action_len: int = 0
-    ) -> Row:
-        from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import get_3d_mrope_ids_text_tokens, get_3d_mrope_ids_vae_tokens
-
-        config = self.transformer.config
-        modulated = bool(config.enable_fps_modulation)
-        text_positions, next_offset = get_3d_mrope_ids_text_tokens(len(input_ids), 0, use_float_positions=modulated)
-        offset = next_offset + config.unified_3d_mrope_temporal_modality_margin
-        _, _, latent_t, latent_h, latent_w = latent_shape
-        vision, _ = get_3d_mrope_ids_vae_tokens(
-            grid_t=latent_t,
-            grid_h=math.ceil(latent_h / self.patch),
-            grid_w=math.ceil(latent_w / self.patch),
-            temporal_offset=offset,
-            reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
-            fps=fps if modulated else None,
-            base_fps=float(config.base_fps),
-            temporal_compression_factor=self.sf_temporal,
-        )
-        parts = [vision]
-        if sound is not None:
-            sound_positions, _ = get_3d_mrope_ids_vae_tokens(
-                grid_t=int(sound.shape[1]),
-                grid_h=1,
-                grid_w=1,
-                temporal_offset=offset,
-                reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
-                fps=float(config.sound_latent_fps) if modulated else None,
-                base_fps=float(config.base_fps),
-                temporal_compression_factor=1,
-            )
-            parts.append(sound_positions)
-        if action_len:
-            action_positions, _ = get_3d_mrope_ids_vae_tokens(
-                grid_t=action_len,
-                grid_h=1,
-                grid_w=1,
-                temporal_offset=offset,
-                reset_spatial_indices=config.unified_3d_mrope_reset_spatial_ids,
-                fps=fps if modulated else None,
-                base_fps=float(config.base_fps),
-                temporal_compression_factor=1,
-                base_temporal_compression_factor=self.sf_temporal,
-                start_frame_offset=1,
-            )
-            parts.append(action_positions)
-        dtype = torch.float32 if any(p.is_floating_point() for p in parts) or text_positions.is_floating_point() else torch.long
-        gen_positions = torch.cat([p.to(dtype) for p in parts], dim=1)
-        return Row(list(input_ids), text_positions.to(self.device), gen_positions.to(self.device))
 
     # -- the reasoner tower, once per request ------------------------------------------------------
 
