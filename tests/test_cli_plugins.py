@@ -20,6 +20,7 @@ from omni_core import hookimpl
 from omni_core.errors import UnknownModelError
 from omni_core.families import PipelineFamily
 from omni_core.plugins import PluginHost, load_plugins
+from omni_core.testing.live_server import launch_env
 
 QWEN = PipelineFamily(
     name="qwen3-omni",
@@ -340,7 +341,7 @@ def test_version(host: PluginHost) -> None:
 def _env() -> dict[str, str]:
     # omni-core may not be installed in the test environment: point a child at the same sources.
     roots = [str(Path(omni_core.__file__).parents[1]), str(Path(omni_cli.__file__).parents[1])]
-    env = dict(os.environ)
+    env = launch_env()
     env["PYTHONPATH"] = os.pathsep.join([*roots, env.get("PYTHONPATH", "")])
     return env
 

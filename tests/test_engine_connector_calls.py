@@ -17,7 +17,8 @@ import pytest
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
-from omni_core.errors import ConnectorError, RequestCancelledError
+from omni_core.engine.orchestrator import CRASH_GRACE_S
+from omni_core.errors import ConnectorError, RequestCancelledError, StageError
 from omni_core.testing.fakes import SlowConnector, passthrough_pipeline
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,6 +100,21 @@ async def test_a_failing_read_fails_only_its_request_and_frees_its_storage() -> 
         health = await engine.health()
         assert all(h["active_requests"] == 0 for h in health), health
         assert engine.num_active_requests == 0
+
+
+async def test_a_chunk_lost_with_its_crashed_producer_fails_the_request_with_the_crash() -> None:
+    # The read of the chunk fails at once; the crash that took it is reported a step later.
+    pipeline = slow_output(passthrough_pipeline(stages=1, placement="process"), fail_get_prompt="lost")
+    async with AsyncOmniEngine(pipeline) as engine:
+        started = time.monotonic()
+        with pytest.raises(StageError, match="'s0' failed: replica 0 crashed"):
+            await collect(engine, OmniRequest(prompt="lost", params={"s0": {"fail": "emit_then_crash"}}))
+        assert time.monotonic() - started < CRASH_GRACE_S  # the crash's report ended the wait
+        # A read that fails for another reason still fails its request, `CRASH_GRACE_S` later.
+        started = time.monotonic()
+        with pytest.raises(ConnectorError, match="on purpose"):
+            await collect(engine, OmniRequest(prompt="lost"))
+        assert CRASH_GRACE_S <= time.monotonic() - started < CRASH_GRACE_S + 2
 
 
 async def test_abort_while_the_input_put_is_under_way_leaks_nothing() -> None:

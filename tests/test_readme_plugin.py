@@ -9,7 +9,6 @@ path (```python omni_tone/parts.py). They are installed with pip into a director
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from omni_core.testing.live_server import LiveServer, omni_command
+from omni_core.testing.live_server import LiveServer, launch_env, omni_command
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(\w+) (\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -53,7 +52,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     target = tmp_path_factory.mktemp("site")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(source)]
     subprocess.run(pip, check=True, capture_output=True)
-    return {**os.environ, "PYTHONPATH": str(target)}
+    return launch_env({"PYTHONPATH": str(target)})
 
 
 def omni(env: dict[str, str], *args: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.engine.result import OmniResult
 from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
+from omni_core.testing.live_server import launch_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
 
@@ -137,7 +137,7 @@ async def test_stage_failure_and_crash_give_errors_then_recover(engine):
 
 
 def omni(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING")
+    env = launch_env({"VLLM_LOGGING_LEVEL": "WARNING"})
     return subprocess.run([sys.executable, "-m", "omni_cli.main", *args], capture_output=True, text=True, timeout=240, env=env)
 
 

@@ -34,6 +34,12 @@ logger = logging.getLogger(__name__)
 
 _END = object()
 _CONNECTOR_THREADS = 4  # per pool; a call blocks one thread (a full bounded connector: until its timeout)
+CRASH_GRACE_S = 3.0
+"""How long a failed output read waits for its producer's crash to be reported. A replica that
+dies takes the chunks it held with it (a Mooncake segment, a remote pool), and the read of one
+may fail before the replica's end is seen (a Ray actor's: within about a second, then its last
+messages are drained). The request then fails with the crash, its cause, not the lost chunk; a
+read that fails for another reason fails its request this much later."""
 
 
 @attrs.define
@@ -55,6 +61,7 @@ class RequestState:
     first_output: dict[str, float] = attrs.field(factory=dict)
     finish_time: float | None = None
     error: BaseException | None = None
+    failed: asyncio.Event = attrs.field(factory=asyncio.Event)  # set with `error`
 
 
 @attrs.frozen
@@ -239,6 +246,12 @@ class Orchestrator:
             # started, which would then never release its handle.
             data = await asyncio.shield(pending.read)
         except Exception as exc:  # noqa: BLE001 - the read's error, whatever it is, fails this request
+            if state.error is None and isinstance(exc, ConnectorError):
+                # A lost chunk: its producer may have crashed (`_on_read` fails the request later).
+                try:
+                    await asyncio.wait_for(state.failed.wait(), CRASH_GRACE_S + 1.0)
+                except asyncio.TimeoutError:
+                    pass
             raise (state.error if state.error is not None else exc)
         return OutputDelta(state.request.request_id, pending.stage, pending.modality, pending.index, data, pending.final)
 
@@ -259,6 +272,7 @@ class Orchestrator:
         state.finished = True
         state.finish_time = time.monotonic()
         state.error = error
+        state.failed.set()
         for name in state.active:
             self.groups[name].release(request_id, abort=True)
         state.queue.put_nowait(error)
@@ -325,12 +339,15 @@ class Orchestrator:
             raise ConnectorError(f"the output connector could not read a chunk: {type(exc).__name__}: {exc}") from exc
 
     def _on_read(self, state: RequestState, modality: str, read: asyncio.Future[Payload]) -> None:
-        """On the loop, when a read ends: a failed read fails its request (only that one, now,
-        not when its consumer gets there); the first read records when the modality's data came."""
+        """On the loop, when a read ends: a failed read fails its request (only that one, not when
+        its consumer gets there; a lost chunk after `CRASH_GRACE_S`, so a crash of its producer
+        reported meanwhile is the error); the first read records when the modality's data came."""
         if read.cancelled():
             return
         error = read.exception()
-        if error is not None:
+        if isinstance(error, ConnectorError):
+            asyncio.get_running_loop().call_later(CRASH_GRACE_S, self._fail, state, error)  # unless a crash came first
+        elif error is not None:
             self._fail(state, error)
         else:
             state.first_output.setdefault(modality, time.monotonic())

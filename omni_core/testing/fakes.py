@@ -34,7 +34,8 @@ class PassThroughRuntime(StageRuntime):
     """Emits every input's data as a chunk, batched: one `step` serves every request with input.
 
     Request params: ``repeat`` (emit each input that many times), ``fail`` (``"invalid"``: reject at
-    add; ``"request"``: an error chunk; ``"stage"``: `step` raises; ``"crash"``: the process exits),
+    add; ``"request"``: an error chunk; ``"stage"``: `step` raises; ``"crash"``: the process exits;
+    ``"emit_then_crash"``: a first chunk, then the process exits at the next step),
     ``hold`` (never finish: for cancellation tests), ``echo`` (copied into the data). Adds
     ``"<stage>": chunk count`` and ``"<stage>_replica": replica index`` to the data.
     """
@@ -79,8 +80,12 @@ class PassThroughRuntime(StageRuntime):
             fail = params.get("fail")
             if fail == "stage":
                 raise RuntimeError("stage failure on purpose")
-            if fail == "crash":
+            if fail == "crash" or (fail == "emit_then_crash" and self.emitted[request_id]):
                 os._exit(3)
+            if fail == "emit_then_crash":
+                chunks.append(Chunk(request_id, self.stage.name, 0, dict(self.pending[request_id][0].data), False))
+                self.emitted[request_id] = 1
+                continue
             if fail == "request":
                 chunks.append(Chunk(request_id, self.stage.name, self.emitted[request_id], error="request failure on purpose"))
                 self.abort_request(request_id)

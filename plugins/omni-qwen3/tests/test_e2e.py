@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,7 @@ from omni_core.engine.request import OmniRequest  # noqa: E402
 from omni_core.engine.result import OmniResult  # noqa: E402
 from omni_core.errors import InvalidRequestError  # noqa: E402
 from omni_core.outputs import OutputDelta  # noqa: E402
+from omni_core.testing.live_server import launch_env  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -356,7 +356,7 @@ def test_cli_generate_writes_a_playable_wav(tmp_path: Path) -> None:
     import soundfile
 
     cache, out_dir = tmp_path / "cache", tmp_path / "out"
-    env = {**os.environ, "OMNI_CACHE": str(cache)}
+    env = launch_env({"OMNI_CACHE": str(cache)})
     command = [str(Path(sys.executable).with_name("omni")), "generate", "omni-tiny/qwen3-omni", "--prompt", "hello",
                "--modalities", "text,audio", "--out", str(out_dir), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)

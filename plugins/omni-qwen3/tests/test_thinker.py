@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from omni_core.errors import InvalidRequestError  # noqa: E402
 from omni_core.outputs import Chunk, StageInput  # noqa: E402
 from omni_core.parts import PartContext  # noqa: E402
 from omni_core.stages.ar import ARStageRuntime  # noqa: E402
+from omni_core.testing.live_server import launch_env  # noqa: E402
 
 MAX_TOKENS = 12
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
@@ -176,7 +176,7 @@ def test_hidden_states_equal_transformers(runtime: ARStageRuntime, tiny_dir: Pat
 
 
 def test_cli_generate_prints_token_ids(tmp_path: Path) -> None:
-    env = {**os.environ, "OMNI_CACHE": str(tmp_path / "cache")}
+    env = launch_env({"OMNI_CACHE": str(tmp_path / "cache")})
     command = [str(Path(sys.executable).with_name("omni")), "generate", "omni-tiny/qwen3-omni", "--prompt", "hello",
                "--modalities", "text", "--stage-params", json.dumps({"thinker": {"max_tokens": 6}}), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
