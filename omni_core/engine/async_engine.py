@@ -15,7 +15,7 @@ from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
 from omni_core.engine.inputs import TextPromptProcessor
 from omni_core.engine.orchestrator import Orchestrator
-from omni_core.engine.params import check_stage_names, check_stage_params, stage_param_names
+from omni_core.engine.params import check_stage_names, check_stage_params, stage_media_params, stage_param_names
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import OmniError, StageError
 from omni_core.outputs import OutputDelta
@@ -41,6 +41,9 @@ class AsyncOmniEngine:
         self._sessions: dict[str, Any] = {}  # placement ref -> its `Replica.open_session`
         self._input_processor: InputProcessor | None = None
         self._param_names: dict[str, frozenset[str]] = {}  # per stage, where its model declares them
+        # Per stage, its parameters that carry a medium as a URL (a server inlines those the
+        # operator allowed as data: URLs); known once started.
+        self.media_params: dict[str, frozenset[str]] = {}
         self._started = False
 
     @classmethod
@@ -95,6 +98,7 @@ class AsyncOmniEngine:
 
     async def _load_param_names(self) -> None:
         self._param_names = await asyncio.to_thread(stage_param_names, self.pipeline)
+        self.media_params = await asyncio.to_thread(stage_media_params, self.pipeline)
 
     def _build_input_processor(self) -> InputProcessor:
         context = PartContext(self.pipeline)

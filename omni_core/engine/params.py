@@ -39,34 +39,50 @@ def check_stage_names(params: Mapping[str, Any], stages: list[str]) -> None:
             raise InvalidRequestError(f"parameters of stage {name!r} must be an object, got {type(value).__name__}", param=f"stage_params.{name}")
 
 
+def _declared(pipeline: ResolvedPipeline, attribute: str) -> dict[str, Any]:
+    """Stage name -> `attribute` of its model part, for each stage whose model part can be imported
+    here and declares it (not None). Imports the model parts' modules: call it off the event loop.
+    A model part that cannot be imported here is left to check its parameters in its stage."""
+    from omni_core.refs import load_ref
+
+    declared: dict[str, Any] = {}
+    for stage in pipeline.stages:
+        try:
+            value = getattr(load_ref(stage.model), attribute, None)
+        except Exception as exc:  # its stage reports it, with the stage's context
+            logger.debug("stage %r: cannot read the model part's %s: %s", stage.name, attribute, exc)
+            continue
+        if value is not None:
+            declared[stage.name] = value
+    return declared
+
+
 def stage_param_names(pipeline: ResolvedPipeline) -> dict[str, frozenset[str]]:
     """Stage name -> the per-request parameter names the stage takes, for each stage whose model
     part declares them (``request_params``: `ARModel`, `GenerationModel`, `DiffusionModel`).
 
     An ``ar`` stage takes vLLM's sampling parameters (minus those its runtime sets) besides its
-    model's own; a ``diffusion`` stage its runtime's ``cache`` besides its model's. Reading the
-    declaration imports the model part's module: call this once, off the event loop. A model part
-    that cannot be imported here is left to check its parameters in its stage.
+    model's own; a ``diffusion`` stage its runtime's ``cache`` besides its model's. Call it off the
+    event loop (`_declared`).
     """
     from omni_core.engine.sampling_params_list import VLLM_SAMPLING_KEYS
-    from omni_core.refs import load_ref
     from omni_core.stages.vllm_bridge import RESERVED_SAMPLING_KEYS
 
+    kinds = {stage.name: stage.kind for stage in pipeline.stages}
     names: dict[str, frozenset[str]] = {}
-    for stage in pipeline.stages:
-        try:
-            declared = getattr(load_ref(stage.model), "request_params", None)
-        except Exception as exc:  # its stage reports it, with the stage's context
-            logger.debug("stage %r: cannot read the model part's request_params: %s", stage.name, exc)
-            continue
-        if declared is None:
-            continue
-        if stage.kind == "ar":
+    for name, declared in _declared(pipeline, "request_params").items():
+        if kinds[name] == "ar":
             declared = (VLLM_SAMPLING_KEYS - RESERVED_SAMPLING_KEYS) | declared
-        elif stage.kind == "diffusion":
+        elif kinds[name] == "diffusion":
             declared = declared | {"cache"}
-        names[stage.name] = frozenset(declared)
+        names[name] = frozenset(declared)
     return names
+
+
+def stage_media_params(pipeline: ResolvedPipeline) -> dict[str, frozenset[str]]:
+    """Stage name -> its per-request parameters that carry a medium as a URL (``media_params`` of
+    its model part), for the stages that have any. Call it off the event loop (`_declared`)."""
+    return {name: frozenset(media) for name, media in _declared(pipeline, "media_params").items() if media}
 
 
 def check_stage_params(params: Mapping[str, Mapping[str, Any]], names: Mapping[str, frozenset[str]], kinds: Mapping[str, str]) -> None:

@@ -13,7 +13,7 @@ naming the rule. `chat_messages` does blocking I/O for such URLs: call it in a t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -49,6 +49,23 @@ def chat_messages(messages: Sequence[ChatMessage], access: MediaAccess = MediaAc
             if kind == "audio_url":
                 content[j] = audio_part(url, where)
     return plain
+
+
+def inline_media_params(params: dict[str, dict[str, Any]], media_params: Mapping[str, frozenset[str]], access: MediaAccess) -> None:
+    """Every media URL among a request's stage parameters (`media_params`: stage -> the parameters
+    its model part declares as media) as a checked ``data:`` URL, in place: an allowed file or web
+    resource is read into one (blocking I/O: call it in a thread), anything else is a 400 naming
+    the parameter. A list of URLs (video frames) is taken item by item; other types are left to
+    the stage."""
+    for stage, names in media_params.items():
+        values = params.get(stage)
+        for name in names & set(values or ()):
+            where = f"stage_params.{stage}.{name}"
+            value = values[name]
+            if isinstance(value, str):
+                values[name] = data_url(value, access, where)
+            elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+                values[name] = [data_url(item, access, f"{where}[{i}]", param=where) for i, item in enumerate(value)]
 
 
 def data_url(url: str, access: MediaAccess, where: str, param: str | None = None) -> str:

@@ -15,10 +15,12 @@ from litestar.params import Body
 from litestar.response import ServerSentEvent
 from typing_extensions import Annotated
 
+from omni_core.engine.request import OmniRequest
 from omni_core.outputs import OutputDelta
 from omni_core.server.encoding import b64, encode_audio, encode_png, pcm16
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.generation import Tracked
+from omni_core.server.media_urls import inline_media_params
 from omni_core.server.protocol import (
     AssistantMessage,
     AudioOutput,
@@ -40,6 +42,19 @@ from omni_core.server.protocol import (
 )
 from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
 from omni_core.server.state import ServerState
+
+
+async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any) -> OmniRequest:
+    """``build(data, pipeline, *args)``, then its media stage parameters inlined
+    (`inline_media_params`): in a thread, as an allowed media URL is read or fetched there."""
+
+    def run() -> OmniRequest:
+        omni_request: OmniRequest = build(data, server.engine.pipeline, *args)
+        inline_media_params(omni_request.params, server.engine.media_params, server.media)
+        return omni_request
+
+    return await asyncio.to_thread(run)
+
 
 # Every error leaves as an OpenAI error body (see errors.py): document that, not Litestar's own shape.
 ERROR_RESPONSES = {
@@ -80,8 +95,7 @@ class ChatController(Controller):
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
     async def create(self, data: Annotated[ChatCompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        # In a thread: an allowed media URL is read or fetched here (blocking I/O).
-        omni_request = await asyncio.to_thread(chat_request, data, server.engine.pipeline, server.media, server.max_prompt_chars)
+        omni_request = await _omni_request(server, chat_request, data, server.media, server.max_prompt_chars)
         audio_format = data.audio.format if data.audio else "wav"
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream:
@@ -147,7 +161,8 @@ class AudioController(Controller):
     @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
     async def speech(self, data: Annotated[SpeechRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        tracked = await Tracked.start_request(server.engine, speech_request(data, server.engine.pipeline, server.max_prompt_chars), server.metrics)
+        omni_request = await _omni_request(server, speech_request, data, server.max_prompt_chars)
+        tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream_format == "sse":
             return ServerSentEvent(_speech_events(tracked, await tracked.open_stream()))
         result = await tracked.run_while_connected(request.receive)
@@ -175,7 +190,8 @@ class ImagesController(Controller):
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        tracked = await Tracked.start_request(server.engine, image_request(data, server.engine.pipeline, server.max_prompt_chars), server.metrics)
+        omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars)
+        tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         result = await tracked.run_while_connected(request.receive)
         return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(encode_png(image))) for image in result.images])
 
@@ -187,8 +203,8 @@ class VideosController(Controller):
     @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job")
     async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        request = await asyncio.to_thread(video_request, data, server.engine.pipeline, server.media, server.max_prompt_chars)
-        tracked = await Tracked.start_request(server.engine, request, server.metrics)
+        omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars)
+        tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         return server.videos.start(tracked, server.model_name, data.prompt)
 
     @get("/{video_id:str}", responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="A video job's status")

@@ -91,11 +91,17 @@ class DiffusionModel(Part, abc.ABC):
     `request_params`: the names of the per-request parameters `prepare` takes (the runtime's own
     ``cache`` is always taken); the engine refuses any other before the request starts, even where
     the stage runs after others. ``None``: not declared, `prepare` alone checks them.
+    `media_params`: those of `request_params` that carry a medium (an image, a video, audio) as
+    a URL. A request's own string is its data: a base64 ``data:`` URL. Over HTTP, the server
+    also takes the ``file://`` and ``http(s)://`` URLs its operator allowed (vLLM's flags
+    ``--allowed-local-media-path``, ``--allowed-media-domains``) and hands the stage the
+    equivalent ``data:`` URL; any other is a 400 before the request starts.
     """
 
     max_steps: int = 1000
     parallel_modes: frozenset[str] = frozenset()
     request_params: frozenset[str] | None = None
+    media_params: frozenset[str] = frozenset()
 
     @classmethod
     def check_parallel(cls, config: ParallelConfig, model_path: str) -> None:

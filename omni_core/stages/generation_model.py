@@ -105,10 +105,16 @@ class GenerationModel(Part, abc.ABC):
     - `request_params`: the names of the per-request parameters the model takes (`check_params`
       sees them); the engine refuses any other before the request starts, even where the stage
       runs after others. ``None``: not declared, `check_params` alone checks them.
+    - `media_params`: those of `request_params` that carry a medium (an image, a video, audio) as
+      a URL. A request's own string is its data: a base64 ``data:`` URL. Over HTTP, the server
+      also takes the ``file://`` and ``http(s)://`` URLs its operator allowed (vLLM's flags
+      ``--allowed-local-media-path``, ``--allowed-media-domains``) and hands the stage the
+      equivalent ``data:`` URL; any other is a 400 before the request starts.
     """
 
     input_key: str = "codes"
     request_params: frozenset[str] | None = None
+    media_params: frozenset[str] = frozenset()
     output_key: str = "audio"
     chunk_size: int = 25
     left_context: int = 0

@@ -62,6 +62,7 @@ class Cosmos3Model(DiffusionModel):
     max_steps = 200  # the multistep scheduler's step update fails further (IndexError at 400 steps)
     parallel_modes = frozenset({"cfg", "ulysses"})
     request_params = PARAMS
+    media_params = frozenset({"image", "video"})  # conditioning frames: data: URLs (over HTTP, what the operator allowed too)
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)

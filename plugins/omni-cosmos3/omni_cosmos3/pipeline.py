@@ -5,7 +5,9 @@ videos, the videos' audio and, on checkpoints trained with ``action_gen``, robot
 parameters: ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``fps``,
 ``num_frames``, ``task`` (``t2i``, ``t2v``, ``t2va``, ``policy``, ``inverse_dynamics``), ``cache``
 and, for the action tasks, ``domain``, ``chunk_size``, ``resolution_tier``, ``view_point``,
-``image``/``video`` (conditioning frames: arrays, PIL images or base64 ``data:`` URLs; a string is never opened as a path).
+``image``/``video`` (conditioning frames: arrays, PIL images or base64 ``data:`` URLs; the stage
+never opens a string as a path; over HTTP the server also reads the ``file://``/``http(s)://`` URLs its
+operator allowed into data URLs: `Cosmos3Model.media_params`).
 Request fields (`OmniRequest.extra`: ``size`` as (width, height), ``seconds``, ``seed``, ``n``, and
 the action fields above) and the wanted modalities become the stage's input: asking for
 ``action`` picks ``inverse_dynamics`` when a ``video`` is given, else ``policy``; the actions

@@ -1,6 +1,7 @@
 """What a client may send Cosmos3 through ``omni serve``: its conditioning frames (``image``/``video``
-stage parameters) as base64 data URLs only, never a path the server would open; unknown parameters
-of its diffusion stage refused with a 400 naming them, before any work."""
+stage parameters) as base64 data URLs, never a path the server would open unless its operator
+allowed the directory (``--allowed-local-media-path``); unknown parameters of its diffusion stage
+refused with a 400 naming them, before any work."""
 
 from __future__ import annotations
 
@@ -52,10 +53,28 @@ def test_a_string_is_never_opened_as_a_path(server: LiveServer, tmp_path: Path, 
     response = _images(server, {**POLICY, "image": path})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == "image" and "data URL" in error["message"] and "never opened" in error["message"]
+    assert error["param"] == "stage_params.generator.image" and "only data: URLs are accepted" in error["message"], error
     assert "cannot identify" not in error["message"]  # no decoder saw the file
-    video = _images(server, {**POLICY, "video": "file:///etc/passwd"})
-    assert video.status_code == 400 and video.json()["error"]["param"] == "video", video.text
+    for video in ("file:///etc/passwd", ["file:///etc/passwd"]):
+        refused = _images(server, {**POLICY, "video": video})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "stage_params.generator.video", refused.text
+
+
+def test_an_operator_allowed_directory_is_read(tmp_path: Path) -> None:
+    """With ``--allowed-local-media-path DIR``, a ``file://`` frame under DIR is read (by the server,
+    into a data URL: the stage sees one shape); one outside DIR is still a 400."""
+    allowed = tmp_path / "frames"
+    allowed.mkdir()
+    (allowed / "frame.png").write_bytes(_png())
+    (tmp_path / "outside.png").write_bytes(_png())
+    live = LiveServer.start(MODEL, args=["--set", "generator.placement=inline", "--allowed-local-media-path", str(allowed)])
+    try:
+        response = _images(live, {**POLICY, "image": (allowed / "frame.png").as_uri()})
+        assert response.status_code == 200, response.text
+        outside = _images(live, {**POLICY, "image": (tmp_path / "outside.png").as_uri()})
+        assert outside.status_code == 400 and outside.json()["error"]["param"] == "stage_params.generator.image", outside.text
+    finally:
+        live.close()
 
 
 def test_an_image_as_a_data_url_is_taken(server: LiveServer) -> None:
