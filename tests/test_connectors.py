@@ -162,6 +162,47 @@ def test_shm_pool_file_is_removed_when_the_producer_exits() -> None:
     assert path and not os.path.exists(path)
 
 
+def _put_and_hang(directory: str, path_queue: multiprocessing.Queue) -> None:
+    connector = SharedMemoryConnector(capacity_bytes=4 * MIB, directory=directory)
+    connector.put({"x": torch.ones(MIB // 4)})
+    path_queue.put(connector.pool_path)
+    time.sleep(600)  # until SIGKILLed
+
+
+def test_shm_pools_of_killed_producers_are_removed_by_the_next_pool(tmp_path: Path) -> None:
+    """A producer killed by a signal leaves its pool file (its written pages hold memory); the next
+    process to create a pool in that directory removes it, and nothing of a live process, another
+    pid namespace or another kind of file."""
+    context = multiprocessing.get_context("spawn")
+    paths = context.Queue()
+    killed = context.Process(target=_put_and_hang, args=(str(tmp_path), paths))
+    alive = context.Process(target=_put_and_hang, args=(str(tmp_path), paths))
+    killed.start()
+    alive.start()
+    try:
+        pools = {paths.get(timeout=60), paths.get(timeout=60)}
+        dead_path = next(p for p in pools if f"omni-shm-{killed.pid}-" in p)
+        live_path = next(p for p in pools if f"omni-shm-{alive.pid}-" in p)
+        killed.kill()
+        killed.join(60)
+        assert os.path.exists(dead_path)  # nobody unlinked it
+        other_namespace = tmp_path / f"omni-shm-{killed.pid}-1-0123456789ab"  # pid means nothing here
+        unrelated = tmp_path / "omni-shm-notes.txt"
+        other_namespace.touch()
+        unrelated.touch()
+
+        connector = SharedMemoryConnector(capacity_bytes=4 * MIB, directory=str(tmp_path))
+        handle = connector.put({"x": torch.ones(4)})  # creates this process's pool: the sweep
+        assert not os.path.exists(dead_path)
+        assert os.path.exists(live_path) and other_namespace.exists() and unrelated.exists()
+        connector.release(handle)
+        connector.close()
+    finally:
+        for process in (killed, alive):
+            process.kill()
+            process.join(60)
+
+
 def test_shm_numpy_only_payload_comes_back_as_numpy(shm: SharedMemoryConnector) -> None:
     payload = {"audio": np.linspace(0, 1, 100, dtype=np.float32), "rate": 24000}
     handle = shm.put(payload)

@@ -15,6 +15,7 @@ key from the environment) started by the SIGINT test itself.
 from __future__ import annotations
 
 import base64
+import glob
 import io
 import json
 import os
@@ -683,6 +684,9 @@ def test_sigkilled_stage_fails_its_requests_then_serves_again(process_server: Li
         assert time.monotonic() - killed < 180, httpx.get(f"{url}/health").text
         time.sleep(0.2)
     _complete_ok(process_server, served)
+    # The killed worker's shared-memory pool (its written pages hold memory) went when the new
+    # worker made its own.
+    assert not glob.glob(f"/dev/shm/omni-shm-{text_stage['pid']}-*")
 
 
 def test_sigterm_shuts_down_cleanly(process_server: LiveServer) -> None:

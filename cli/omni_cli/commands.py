@@ -67,7 +67,7 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
             if stream_text and delta.modality == "text":
                 click.echo(delta.data.get("text", ""), nl=False)
             elif delta.modality != "text":
-                click.echo(f"[{delta.stage}] {delta.modality} chunk {delta.index}{' (final)' if delta.final else ''}", err=True)
+                click.echo(_describe(delta), err=True)
 
         request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task)
         (result,) = omni.generate(request, on_delta=on_delta)
@@ -83,6 +83,20 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
         click.echo(f"{kind}: {path}", err=True)
     if result.audio is not None and out_dir is None:
         click.echo(f"audio: {result.audio_duration:.2f} s at {result.sample_rate} Hz (pass --out DIR to save it)", err=True)
+
+
+_MEDIA_KEYS = ("image", "video", "audio", "actions")
+
+
+def _describe(delta: Any) -> str:
+    """A progress line for a non-text delta: a diffusion step, or what the chunk carries (a
+    diffusion stage's declared output is ``video`` even when it draws an image)."""
+    data = delta.data if isinstance(delta.data, dict) else {}
+    progress = data.get("progress")
+    if isinstance(progress, dict):
+        return f"[{delta.stage}] step {progress.get('step')}/{progress.get('total')}"
+    carried = [key for key in _MEDIA_KEYS if data.get(key) is not None] or [delta.modality]
+    return f"[{delta.stage}] {', '.join(carried)} chunk {delta.index}{' (final)' if delta.final else ''}"
 
 
 def _parse_stage_params(text: str | None) -> dict[str, dict[str, Any]]:

@@ -19,9 +19,11 @@ process exits, which breaks the producer's pool.
 
 from __future__ import annotations
 
+import logging
 import math
 import mmap
 import os
+import re
 import struct
 import tempfile
 import threading
@@ -37,6 +39,8 @@ from omni_core.connectors.base import Connector
 from omni_core.connectors.serialize import TENSOR_ALIGNMENT, align_up, copy_tensor_into, join_payload, split_payload
 from omni_core.errors import ConnectorClosedError, ConnectorError, ConnectorFullError
 from omni_core.outputs import Payload
+
+logger = logging.getLogger(__name__)
 
 _MAGIC = b"OMNISHM1"
 _HEADER = struct.Struct("<8sQQQ")  # magic, page_size, n_pages, data_offset
@@ -67,6 +71,50 @@ class ShmHandle:
         # Field values only: a handle rides in a pipe message on every hop, and attrs' pickling of
         # a frozen class (field names, then a setattr each) costs several times more.
         return ShmHandle, (self.pool, self.page, self.pages, self.tag, self.meta, self.meta_offset, self.meta_len)
+
+
+_POOL_PREFIX = "omni-shm-"
+_POOL_NAME = re.compile(r"omni-shm-(\d+)-(\d+)-[0-9a-f]{12}")  # pid, pid namespace, random
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode): a pid means something only inside it (two
+    containers may share /dev/shm, each with its own pids)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def remove_dead_pools(directory: str) -> list[str]:
+    """Unlink the pool files in `directory` whose creating process is gone, and return their paths.
+
+    A producer killed by a signal (a crashed stage worker, a SIGKILLed server) never unlinks its
+    pool, and the pages it wrote hold memory until the file goes. Only pools of this user, made in
+    this pid namespace, by a process that no longer exists are removed; consumers that mapped one
+    keep their mapping. Each process sweeps once, when it creates its own pool.
+    """
+    removed: list[str] = []
+    try:
+        names = [name for name in os.listdir(directory) if name.startswith(_POOL_PREFIX)]
+    except OSError:
+        return removed
+    namespace, uid = _pid_namespace(), os.getuid()
+    for name in names:
+        match = _POOL_NAME.fullmatch(name)
+        if match is None or int(match.group(2)) != namespace:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.stat(path).st_uid != uid:
+                continue
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            _unlink_quietly(path)
+            removed.append(path)
+        except OSError:  # the process exists (another user's), or the file went meanwhile
+            continue
+    return removed
 
 
 def _unlink_quietly(path: str, owner_pid: int | None = None) -> None:
@@ -104,7 +152,10 @@ class _Pool:
         n_pages = max(1, capacity_bytes // page_size)
         data_offset = align_up(_HEADER_BYTES + 9 * n_pages, page_size)
         size = data_offset + n_pages * page_size
-        path = os.path.join(directory, f"omni-shm-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        removed = remove_dead_pools(directory)
+        if removed:
+            logger.info("removed %d shared-memory pool(s) of processes that died: %s", len(removed), ", ".join(removed))
+        path = os.path.join(directory, f"{_POOL_PREFIX}{os.getpid()}-{_pid_namespace()}-{uuid.uuid4().hex[:12]}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             # ftruncate makes a sparse file: pages cost memory only once written.
@@ -213,6 +264,8 @@ class SharedMemoryConnector(Connector):
 
     `get` returns zero-copy views (torch tensors for torch inputs, numpy arrays for numpy inputs)
     that stay valid until the handle is released. Tensors on other devices come back on the CPU.
+    A producer's pool file goes when it closes or exits; one left by a producer killed by a signal
+    goes when the next process makes its pool in that directory (`remove_dead_pools`).
     """
 
     def __init__(

@@ -81,11 +81,8 @@ class ARModel(Part):
     - `request_params`: per-request parameters the model takes besides vLLM's sampling parameters
       (a `sampling_params` override takes them out); the engine refuses any other parameter
       before the request starts, even where the stage runs after others.
-    - `media_params`: those of `request_params` that carry a medium (an image, a video, audio) as
-      a URL. A request's own string is its data: a base64 ``data:`` URL. Over HTTP, the server
-      also takes the ``file://`` and ``http(s)://`` URLs its operator allowed (vLLM's flags
-      ``--allowed-local-media-path``, ``--allowed-media-domains``) and hands the stage the
-      equivalent ``data:`` URL; any other is a 400 before the request starts.
+    - `media_params`: those of `request_params` that carry a medium as a URL (as
+      `DiffusionModel.media_params`).
 
     The base class as it is serves "this checkpoint directory, as vLLM loads it": a stage whose
     ``model`` is ``"omni_core.stages.ar_model:ARModel"`` needs no code of its own.

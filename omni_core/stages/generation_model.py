@@ -105,11 +105,8 @@ class GenerationModel(Part, abc.ABC):
     - `request_params`: the names of the per-request parameters the model takes (`check_params`
       sees them); the engine refuses any other before the request starts, even where the stage
       runs after others. ``None``: not declared, `check_params` alone checks them.
-    - `media_params`: those of `request_params` that carry a medium (an image, a video, audio) as
-      a URL. A request's own string is its data: a base64 ``data:`` URL. Over HTTP, the server
-      also takes the ``file://`` and ``http(s)://`` URLs its operator allowed (vLLM's flags
-      ``--allowed-local-media-path``, ``--allowed-media-domains``) and hands the stage the
-      equivalent ``data:`` URL; any other is a 400 before the request starts.
+    - `media_params`: those of `request_params` that carry a medium as a URL (as
+      `DiffusionModel.media_params`).
     """
 
     input_key: str = "codes"

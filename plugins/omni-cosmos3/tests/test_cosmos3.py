@@ -281,8 +281,11 @@ def test_cli_generate_writes_files(tmp_path: Path):
     params = json.dumps({"generator": {"num_inference_steps": 2}})
     result = CliRunner().invoke(cli, ["generate", MODEL, "--prompt", "a cat", "--modalities", "image", "--stage-params", params, "--out", str(tmp_path), "--json", "--set", "generator.placement=inline"])
     assert result.exit_code == 0, result.output
-    body = json.loads(result.output[result.output.index("{"):])
+    body = json.loads(result.stdout[result.stdout.index("{"):])
     assert Path(body["images"][0]["path"]).exists() and body["images"][0]["shape"] == [256, 256, 3]
+    # Progress names the steps and what came (an image, though the stage's declared output is video).
+    assert "[generator] step 1/2" in result.stderr and "[generator] image chunk 1 (final)" in result.stderr, result.stderr
+    assert "video" not in result.stderr, result.stderr
 
 
 def test_per_row_attention_equals_the_masked_batch() -> None:
