@@ -97,8 +97,8 @@ class AsyncOmniEngine:
         logger.info("pipeline %s (%s) ready in %.1f s", self.pipeline.family, self.pipeline.model, time.monotonic() - started)
 
     async def _load_param_names(self) -> None:
-        self._param_names = await asyncio.to_thread(stage_param_names, self.pipeline)
-        self.media_params = await asyncio.to_thread(stage_media_params, self.pipeline)
+        pipeline = self.pipeline
+        self._param_names, self.media_params = await asyncio.to_thread(lambda: (stage_param_names(pipeline), stage_media_params(pipeline)))
 
     def _build_input_processor(self) -> InputProcessor:
         context = PartContext(self.pipeline)

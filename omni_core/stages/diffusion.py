@@ -142,13 +142,11 @@ class DiffusionStageRuntime(StageRuntime):
         part = load_ref(stage.model)
         key = f"stages.{stage.name}.options.parallel"
         check_parallel(options.parallel, stage, getattr(part, "parallel_modes", frozenset()), key=key)
-        check_checkpoint = getattr(part, "check_parallel", None)
-        if check_checkpoint is not None:
-            try:
-                check_checkpoint(options.parallel, model_path)
-            except ConfigError as exc:
-                raise ConfigError(exc.message, key=key) from None
-        if options.parallel.world_size > 1 and options.cuda_graphs:
+        try:
+            part.check_parallel(options.parallel, model_path)  # `DiffusionModel.check_parallel`
+        except ConfigError as exc:
+            raise ConfigError(exc.message, key=key) from None
+        if options.cuda_graphs:
             raise ConfigError(
                 f"stage {stage.name!r}: cuda_graphs do not combine with parallel (its collectives run outside a graph)",
                 key=f"stages.{stage.name}.options.cuda_graphs",

@@ -46,7 +46,9 @@ from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_he
 from omni_cosmos3 import diffusers_private
 from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.positions import build_row
-from omni_cosmos3.samples import Actions, Conditioning, Row, SampleState, SchedulerGroup, group_schedulers, group_step
+from omni_cosmos3.samples import (
+    Actions, Conditioning, Row, SampleState, SchedulerGroup, float_rows, group_schedulers, group_step, guided, noisy_frames_rows, row_branch,
+)
 from omni_cosmos3.scheduling import scheduler_step
 from omni_cosmos3.tasks import PARAMS, TASKS, ActionSpec, Request, parse_request
 from omni_cosmos3.vae2d import SingleFrameDecoder
@@ -418,13 +420,13 @@ class Cosmos3Model(DiffusionModel):
         # This rank's rows (all of them on one device); each row's tokens, or under Ulysses this
         # rank's share of them.
         parallel = self.parallel
-        local = [i for i in range(len(rows)) if parallel.owns_branch(_branch(rows, row_sample, i))]
+        local = [i for i in range(len(rows)) if parallel.owns_branch(row_branch(row_sample, i))]
         local_sample = [row_sample[i] for i in local]
         preds_vision = preds_sound = preds_action = None
         if local:
             gen = parallel.shard(inputs.index_select(0, device_rows(local_sample, self.device)), 1)  # [B, M/U, H]
             context = self._context(samples[0].batch_key, [rows[i] for i in local], num_tokens, gen.dtype)
-            cache_rows = [(samples[row_sample[i]].cache, _branch(rows, row_sample, i)) for i in local]
+            cache_rows = [(samples[row_sample[i]].cache, row_branch(row_sample, i)) for i in local]
             if any(state is not None for state, _ in cache_rows):
                 gen = self._cached_stack(gen, context, cache_rows, samples, local_sample, num_tokens)
             else:
@@ -444,20 +446,20 @@ class Cosmos3Model(DiffusionModel):
                 preds_sound = transformer.audio_proj_out(gen[:, num_vision : num_vision + num_sound]).transpose(1, 2)  # [B, Cs, Ts]
             if has_actions:
                 # Conditioning frames have no velocity (the pipeline predicts only the noisy ones).
-                preds_vision = preds_vision * _noisy_frames_rows(states, local_sample).to(preds_vision.dtype)
+                preds_vision = preds_vision * noisy_frames_rows(states, local_sample).to(preds_vision.dtype)
                 preds_action = transformer.action_proj_out(gen[:, num_vision + num_sound :], domains[local_sample])  # [B, Ta, D]
         if parallel.cfg > 1:  # every rank gets every row's prediction (float32, as the guidance reads them)
-            preds_vision = parallel.combine_rows(_rows(preds_vision, latents.shape[1:], self.device), local, len(rows))
+            preds_vision = parallel.combine_rows(float_rows(preds_vision, latents.shape[1:], self.device), local, len(rows))
             if states[0].sound_latents is not None:
-                preds_sound = parallel.combine_rows(_rows(preds_sound, states[0].sound_latents.shape, self.device), local, len(rows))
+                preds_sound = parallel.combine_rows(float_rows(preds_sound, states[0].sound_latents.shape, self.device), local, len(rows))
             if has_actions:
-                preds_action = parallel.combine_rows(_rows(preds_action, states[0].actions.latents.shape, self.device), local, len(rows))
+                preds_action = parallel.combine_rows(float_rows(preds_action, states[0].actions.latents.shape, self.device), local, len(rows))
 
         first = 0
         grouped: dict[int, tuple[SchedulerGroup, Any, int, dict[int, torch.Tensor]]] = {}
         for sample, state, t in zip(samples, states, timesteps):
             count = len(state.rows)
-            velocity = _guided(preds_vision[first : first + count].float(), state.request.guidance_scale)
+            velocity = guided(preds_vision[first : first + count].float(), state.request.guidance_scale)
             if state.group is not None:
                 entry = grouped.setdefault(id(state.group), (state.group, t, sample.step, {}))
                 if entry[2] != sample.step:
@@ -467,14 +469,14 @@ class Cosmos3Model(DiffusionModel):
                 latents = state.latents.unsqueeze(0)
                 state.latents = scheduler_step(state.scheduler, velocity.unsqueeze(0).unsqueeze(0), t, latents).squeeze(0)
             if preds_sound is not None:
-                velocity = _guided(preds_sound[first : first + count].float(), state.request.guidance_scale)
+                velocity = guided(preds_sound[first : first + count].float(), state.request.guidance_scale)
                 sound = state.sound_latents.unsqueeze(0)
                 state.sound_latents = scheduler_step(state.sound_scheduler, velocity.unsqueeze(0), t, sound).squeeze(0)
             if preds_action is not None:
                 actions = state.actions
                 velocity = preds_action[first : first + count].float()
                 velocity[:, :, actions.raw_dim :] = 0
-                velocity = _guided(velocity, state.request.guidance_scale)
+                velocity = guided(velocity, state.request.guidance_scale)
                 actions.latents = scheduler_step(actions.scheduler, velocity.unsqueeze(0), t, actions.latents.unsqueeze(0)).squeeze(0)
                 actions.latents[:, actions.raw_dim :] = 0
             first += count
@@ -571,34 +573,6 @@ class Cosmos3Model(DiffusionModel):
                 payload["sample_rate"] = int(pipe.sound_tokenizer.config.sampling_rate)
             payloads.append(payload)
         return payloads
-
-
-# -- tensor helpers ------------------------------------------------------------------------------
-
-
-def _branch(rows: list[Row], row_sample: list[int], i: int) -> int:
-    """Guidance branch of row i within its sample (0: conditional)."""
-    return i - row_sample.index(row_sample[i])
-
-
-def _rows(local: torch.Tensor | None, shape: Any, device: torch.device) -> torch.Tensor:
-    """A rank's per-row predictions in float32; zero rows of `shape` when it has none."""
-    if local is None:
-        return torch.zeros(0, *shape, device=device)
-    return local.float()
-
-
-def _noisy_frames_rows(states: list[SampleState], row_sample: list[int]) -> torch.Tensor:
-    """[B, 1, T, 1, 1]: 1 on the generated latent frames of each row's sample, 0 on conditioning frames."""
-    frames = torch.stack([st.actions.noisy_frames for st in states])[row_sample]
-    return frames[:, None, :, None, None]
-
-
-def _guided(preds: torch.Tensor, scale: float) -> torch.Tensor:
-    if preds.shape[0] == 1:
-        return preds[0]
-    cond, uncond = preds[0], preds[1]
-    return uncond + scale * (cond - uncond)
 
 
 __all__ = ["Cosmos3Model", "TASKS"]

@@ -99,3 +99,32 @@ def group_step(group: SchedulerGroup, t: Any, velocities: dict[int, torch.Tensor
     for index, state in enumerate(members):
         if id(state) in velocities:
             state.latents = out[index : index + 1]
+
+
+# -- a batch's rows (each one guidance branch of a sample; `row_sample[i]`: row i's sample) ------
+
+
+def row_branch(row_sample: list[int], i: int) -> int:
+    """Guidance branch of row i within its sample (0: conditional)."""
+    return i - row_sample.index(row_sample[i])
+
+
+def float_rows(local: torch.Tensor | None, shape: Any, device: torch.device) -> torch.Tensor:
+    """A rank's per-row predictions in float32; zero rows of `shape` when it has none."""
+    if local is None:
+        return torch.zeros(0, *shape, device=device)
+    return local.float()
+
+
+def noisy_frames_rows(states: list[SampleState], row_sample: list[int]) -> torch.Tensor:
+    """[B, 1, T, 1, 1]: 1 on the generated latent frames of each row's sample, 0 on conditioning frames."""
+    frames = torch.stack([st.actions.noisy_frames for st in states])[row_sample]
+    return frames[:, None, :, None, None]
+
+
+def guided(preds: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance over a sample's rows (one row: no guidance)."""
+    if preds.shape[0] == 1:
+        return preds[0]
+    cond, uncond = preds[0], preds[1]
+    return uncond + scale * (cond - uncond)
