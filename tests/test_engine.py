@@ -17,8 +17,9 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
 from omni_core.runtime.messages import Ping
-from omni_core.runtime.replica import InlineReplica
+from omni_core.runtime.replica import KERNEL_CACHE_ENV, InlineReplica
 from omni_core.testing.fakes import passthrough_pipeline
+from omni_core.testing.live_server import launch_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -203,15 +204,47 @@ async def test_a_killed_worker_is_reported_and_messages_sent_to_it_are_dropped()
         assert deltas[-1].data["prompt"] == "after"
 
 
-async def test_cpu_threads_and_nice_set_each_worker_process():
+async def test_cpu_threads_nice_and_kernel_cache_set_each_worker_process():
     pipeline = passthrough_pipeline(stages=2, placement="process")
-    stages = (attrs.evolve(pipeline.stages[0], cpu_threads=1, nice=5), pipeline.stages[1])
+    stages = (attrs.evolve(pipeline.stages[0], cpu_threads=1, nice=5, kernel_cache=16), attrs.evolve(pipeline.stages[1], kernel_cache=None))
     async with AsyncOmniEngine(attrs.evolve(pipeline, stages=stages)) as engine:
         health = {h["stage"]: h for h in await engine.health()}
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert health["s0"]["cpu_threads"] == 1 and health["s0"]["nice"] == min(base + 5, 19)
+    assert health["s0"]["kernel_cache"] == 16
     # unset: whatever the engine's environment and niceness were
     assert health["s1"]["cpu_threads"] == _env_threads() and health["s1"]["nice"] == base
+    assert health["s1"]["kernel_cache"] == _env_int(KERNEL_CACHE_ENV)
+
+
+# Run in a fresh interpreter with oneDNN's verbose log of kernel creation: the stage's process set-up,
+# then three convolution shapes twice. Prints how many creations were cache hits and misses.
+_KERNEL_CACHE_PROBE = """
+import sys
+import attrs
+from omni_core.runtime.replica import prepare_worker_process
+from omni_core.testing.fakes import passthrough_pipeline
+
+stage = passthrough_pipeline(stages=1, placement="process").stages[0]
+prepare_worker_process(attrs.evolve(stage, kernel_cache=None if sys.argv[1] == "none" else int(sys.argv[1])))
+import torch
+
+conv = torch.nn.Conv2d(64, 64, 3)
+with torch.no_grad():
+    for side in [30, 31, 32] * 2:
+        conv(torch.randn(1, 64, side, side))
+"""
+
+
+@pytest.mark.parametrize("capacity, hits", [("2", 0), ("none", 3)])
+def test_kernel_cache_bounds_the_compiled_kernels_a_stage_process_keeps(capacity, hits):
+    """`kernel_cache`: with room for 2 kernels, three shapes in turn recompile every time; with
+    oneDNN's default (1024) the second round reuses all three."""
+    env = {k: v for k, v in launch_env().items() if k != KERNEL_CACHE_ENV} | {"ONEDNN_VERBOSE": "profile_create"}
+    out = subprocess.run([sys.executable, "-c", _KERNEL_CACHE_PROBE, capacity], capture_output=True, text=True, env=env, check=True)
+    created = [line for line in out.stdout.splitlines() if ",convolution," in line]
+    assert len(created) == 6, out.stdout[-2000:]
+    assert sum("create:cache_hit" in line for line in created) == hits
 
 
 # Run in a fresh interpreter: allocates and frees a 16 MiB block, prints whether it was mmapped
@@ -245,9 +278,13 @@ def test_keep_freed_memory_reuses_large_blocks(mode, expected):
     assert out.stdout.split() == expected.split()
 
 
-def _env_threads() -> int | None:
-    value = os.environ.get("OMP_NUM_THREADS", "")
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
     return int(value) if value.isdigit() else None
+
+
+def _env_threads() -> int | None:
+    return _env_int("OMP_NUM_THREADS")
 
 
 async def test_shutdown_stops_worker_processes_cleanly():

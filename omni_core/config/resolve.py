@@ -129,6 +129,7 @@ def resolve_pipeline(
                 cpu_threads=stage_deploy.cpu_threads,
                 nice=stage_deploy.nice,
                 keep_freed_memory=stage_deploy.keep_freed_memory,
+                kernel_cache=stage_deploy.kernel_cache,
                 quantization=_resolve_quantization(spec, options, plugins),
                 options=options,
             )

@@ -54,6 +54,7 @@ class ResolvedStage:
     cpu_threads: int | None = None
     nice: int = 0
     keep_freed_memory: bool = True
+    kernel_cache: int | None = 128
     # What the registered resolver of the `quantization` option returned for this stage's kind
     # (vLLM engine arguments for `ar`, a linear-swap spec for `diffusion`): resolved once, at
     # resolve time, so workers import no resolver.

@@ -123,13 +123,16 @@ def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Con
 
 def prepare_worker_process(stage: ResolvedStage) -> ResolvedStage:
     """Set up a process that runs replicas of `stage` (a spawned worker, a Ray actor) before its
-    runtime loads: CPU threads, niceness, the allocator; returns `stage` with its GPUs numbered as
+    runtime loads: CPU threads, niceness, the allocator, the kernel cache; returns `stage` with its GPUs numbered as
     this process sees them (only its own, from 0)."""
     if stage.cpu_threads is not None:
         # Before torch (and its OpenMP runtime) is imported: its default is one thread per core.
         os.environ["OMP_NUM_THREADS"] = str(stage.cpu_threads)
         if "torch" in sys.modules:  # the parent's main module imported it on the way here
             sys.modules["torch"].set_num_threads(stage.cpu_threads)
+    if stage.kernel_cache is not None:
+        # Read by oneDNN when it first compiles a kernel; vLLM and torch use it on CPU.
+        os.environ.setdefault(KERNEL_CACHE_ENV, str(stage.kernel_cache))
     if stage.nice:
         os.nice(stage.nice)
     if stage.keep_freed_memory:
@@ -167,6 +170,7 @@ def exit_reason(code: int | None) -> str:
 
 # glibc mallopt parameters (malloc.h) and the sizes Omni's workers use.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+KERNEL_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 _MMAP_THRESHOLD = 256 << 20  # blocks below this come from the heap and are reused once freed
 _TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept before any is handed back
 

@@ -168,7 +168,10 @@ class StageWorker:
         elif isinstance(message, m.Ping):
             active = len(self.requests)
             # cpu_threads: the OpenMP thread count the process was started with (None: the default).
-            stats = {"pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS"), "nice": os.getpriority(os.PRIO_PROCESS, 0)}
+            stats = {
+                "pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS"), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                "kernel_cache": _env_int("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
+            }
             if self.runtime is not None:
                 stats |= self.runtime.health_stats()
             self.send(m.Pong(message.token, active, stats))

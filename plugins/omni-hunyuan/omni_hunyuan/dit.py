@@ -10,6 +10,8 @@ Per request: the prompt's token rows (cond, plus uncond under CFG) are encoded O
 KV cache (`start`); every step then runs only ``<timestep>`` and the image tokens. Requests at
 different steps and with prompts of different lengths share one forward (`denoise`): their caches are
 right-padded and masked, their timesteps are per row, and each request keeps its own sigmas.
+The core's ``cache`` parameter (first-block caching) is decided per row: a row whose first layer's
+output barely changed skips the other layers and reuses what they added last time.
 The defaults (steps, guidance, flow shift, template) come from the checkpoint's generation_config;
 a request's ``seed`` draws the release's starting noise, so it reproduces the release's image.
 """
@@ -43,7 +45,8 @@ class _State:
 
 class HunyuanDiT(DiffusionModel):
     """Text -> image with HunyuanImage-3.0's own transformer; stage params ``seed``, ``size``
-    ([width, height]), ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config)."""
+    ([width, height]), ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config),
+    and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
 
     max_steps = 200
     request_params = frozenset({"seed", "size", "num_inference_steps", "guidance_scale"})
@@ -139,7 +142,13 @@ class HunyuanDiT(DiffusionModel):
         )
         caches = [state.cache for state in states]
         assert all(cache is not None for cache in caches)
-        velocity = self.transformer.velocity(PrefixCache.concat(caches), latents, timesteps).float()  # type: ignore[arg-type]
+        # Row r of a sample is its CFG branch r (cond, uncond): first-block caching decides per row.
+        cache_rows = [(sample.cache, branch) for sample, n in zip(samples, rows) for branch in range(n)]
+        steps = [sample.step for sample, n in zip(samples, rows) for _ in range(n)]
+        totals = [sample.total_steps for sample, n in zip(samples, rows) for _ in range(n)]
+        velocity = self.transformer.velocity(
+            PrefixCache.concat(caches), latents, timesteps, cache_rows, steps, totals  # type: ignore[arg-type]
+        ).float()
         for sample, state, part in zip(samples, states, velocity.split(rows)):
             if part.shape[0] == 2:
                 cond, uncond = part.chunk(2)

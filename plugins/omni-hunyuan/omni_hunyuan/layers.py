@@ -134,18 +134,49 @@ class MoE(nn.Module):
             else None
         )
 
+        # `group_experts` stacks the experts here: [E, 2I, H] and [E, H, I] (then `experts` is empty).
+        self.grouped: tuple[nn.Parameter, nn.Parameter] | None = None
+
+    def group_experts(self) -> None:
+        """Stack the experts' weights for grouped GEMMs (``torch._grouped_mm``: one kernel per projection
+        for every expert, no host sync). For CUDA, bias-free experts in bfloat16 (what the kernel
+        takes); the per-expert modules are freed, so memory does not grow."""
+        first = self.experts[0]
+        if first.gate_and_up_proj.bias is not None:
+            raise ValueError("grouped experts take bias-free experts (mlp_bias false, as released)")
+        up = torch.stack([expert.gate_and_up_proj.weight for expert in self.experts])
+        down = torch.stack([expert.down_proj.weight for expert in self.experts])
+        self.experts = nn.ModuleList()
+        self.grouped = (nn.Parameter(up, requires_grad=False), nn.Parameter(down, requires_grad=False))
+
+    def _grouped(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        assert self.grouped is not None
+        up_weight, down_weight = self.grouped
+        flat = chosen.reshape(-1)
+        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order
+        rows = order // self.topk
+        ends = torch.bincount(flat, minlength=up_weight.shape[0]).cumsum(0).to(torch.int32)
+        hidden = torch._grouped_mm(tokens.index_select(0, rows), up_weight.transpose(1, 2), offs=ends)
+        up, gate = hidden.chunk(2, dim=-1)
+        out = torch._grouped_mm(up * F.silu(gate), down_weight.transpose(1, 2), offs=ends)
+        out = out * weights.reshape(-1)[order, None].to(out.dtype)
+        return torch.zeros_like(tokens).index_add_(0, rows, out)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         weights, chosen = torch.topk(self.gate(tokens), self.topk, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        routed = torch.zeros_like(tokens)
-        # Only the experts some token picked run; each sees just its tokens (a gather, not a dense pass).
-        for expert in chosen.unique().tolist():
-            rows, slot = (chosen == expert).nonzero(as_tuple=True)
-            out = self.experts[expert](tokens[rows]) * weights[rows, slot, None].to(tokens.dtype)
-            routed.index_add_(0, rows, out)
+        if self.grouped is not None:
+            routed = self._grouped(tokens, weights, chosen)
+        else:
+            routed = torch.zeros_like(tokens)
+            # Only the experts some token picked run; each sees just its tokens (a gather, not a dense pass).
+            for expert in chosen.unique().tolist():
+                rows, slot = (chosen == expert).nonzero(as_tuple=True)
+                out = self.experts[expert](tokens[rows]) * weights[rows, slot, None].to(tokens.dtype)
+                routed.index_add_(0, rows, out)
         if self.shared_mlp is not None:
             routed = routed + self.shared_mlp(tokens)
         return routed.reshape(shape)

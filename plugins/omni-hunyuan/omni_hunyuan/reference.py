@@ -105,3 +105,39 @@ def nemo_model(model_path: str | Path, image_token_id: int, timestep_token_id: i
     if missing or unexpected:
         raise ValueError(f"nemo reference: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
     return model.float().eval()
+
+
+class NemoPrompts:
+    """The prompt tokenizer nemo's ``HunyuanImage3Pipeline`` asks for the ids around the image span:
+    ours (`t2i_rows`), for a square image of ratio index `ratio` and `side` latent tokens a side."""
+
+    def __init__(self, tokenizer: Any, tokens: Any, ratio: int, side: int) -> None:
+        self.tokenizer, self.tokens, self.ratio, self.side = tokenizer, tokens, ratio, side
+
+    def target_size(self, width: int, height: int) -> tuple[int, int]:
+        return width, height
+
+    def __call__(self, prompt: str, height: int, width: int) -> dict[str, torch.Tensor]:
+        import nemo_automodel.components.models.hunyuan_image3.pipeline as nemo_pipeline
+
+        from omni_hunyuan.prompt import t2i_rows
+
+        rows = t2i_rows(self.tokenizer, self.tokens, prompt, self.ratio, self.side, self.side, cfg=True)
+        prefix_end = rows.prefix.shape[1] + 1  # through <timestep>
+        return {
+            nemo_pipeline.PROMPT_IDS_KEY: rows.rows[0, :prefix_end],
+            nemo_pipeline.UNCOND_PROMPT_IDS_KEY: rows.rows[1, :prefix_end],
+            nemo_pipeline.PROMPT_SUFFIX_IDS_KEY: rows.rows[0, prefix_end + self.side * self.side :],
+        }
+
+
+class ReleaseVAECall:
+    """The release VAE's call shape (``decode(z, return_dict, generator)``, ``ffactor_temporal``) over
+    the diffusers VAE, so nemo's pipeline decodes with the same weights; it keeps what it was given."""
+
+    def __init__(self, vae: Any) -> None:
+        self.vae, self.config, self.ffactor_temporal, self.seen = vae, vae.config, 4, None
+
+    def decode(self, latents: torch.Tensor, return_dict: bool = False, generator: Any = None) -> tuple[torch.Tensor]:
+        self.seen = latents.clone()
+        return (self.vae.decode(latents.to(self.vae.dtype)).sample,)

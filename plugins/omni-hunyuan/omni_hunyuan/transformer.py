@@ -11,10 +11,13 @@ computed once per request (`encode_prefix`), plus a forward over ``<timestep>`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 from torch import nn
 
+from omni_core.stages import diffusion_cache
 from omni_hunyuan.config import HunyuanConfig
 from omni_hunyuan.layers import (
     DecoderLayer,
@@ -143,12 +146,20 @@ class HunyuanImage3(nn.Module):
         _, caches = self._run(self.model.wte(prefix_ids), positions, self._causal_mask(seq, 0, prefix_ids.device), None)
         return PrefixCache(caches, (seq,) * prefix_ids.shape[0])
 
-    def velocity(self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+    def velocity(
+        self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor, cache_rows: list[Any] | None = None,
+        steps: list[int] | None = None, totals: list[int] | None = None,
+    ) -> torch.Tensor:
         """Flow velocity ``[B, C, h, w]`` of noisy `latents` at `timestep` (``[B]``, sigma * 1000).
 
         Row b's new tokens are ``<timestep>`` at index L_b (its prefix length) and the h*w image tokens
         from L_b + 1; ``<timestep>`` sees the prefix and itself, the image tokens the prefix,
         ``<timestep>`` and every image token; nobody sees another row's padding.
+
+        `cache_rows` (row b's ``(CacheState | None, branch)``, with the rows' `steps` and `totals`)
+        turns on the core's first-block caching (`omni_core.stages.diffusion_cache`): every row runs
+        layer 0, and only the rows whose layer-0 residual changed enough run the rest; the others add
+        the residual the rest added at their last computed step.
         """
         batch, _, height, width = latents.shape
         span = height * width
@@ -166,8 +177,41 @@ class HunyuanImage3(nn.Module):
         new_keys = torch.ones(1 + span, 1 + span, dtype=torch.bool, device=device)
         new_keys[0, 1:] = False  # <timestep> is text: it does not see the image after it
         mask = torch.cat([prefix_keys.expand(batch, 1 + span, padded), new_keys.expand(batch, -1, -1)], dim=2)
-        hidden, _ = self._run(embeds, positions, mask[:, None], prefix)
+        if cache_rows is not None and any(state is not None for state, _ in cache_rows):
+            assert steps is not None and totals is not None
+            hidden = self._cached_run(embeds, positions, mask[:, None], prefix, cache_rows, steps, totals)
+        else:
+            hidden, _ = self._run(embeds, positions, mask[:, None], prefix)
         return self.final_layer(hidden[:, 1:], self.time_embed_2(timestep).to(dtype), height, width)
+
+    def _cached_run(
+        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, prefix: PrefixCache,
+        cache_rows: list[Any], steps: list[int], totals: list[int],
+    ) -> torch.Tensor:
+        """`_run` with first-block caching (see `velocity`); the hidden states of every row."""
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        layers = self.model.layers
+        first, _ = layers[0](embeds, cos, sin, mask, prefix.layers[0])
+        signal = first - embeds
+        compute = diffusion_cache.decide(cache_rows, signal, steps, totals)
+        out = first.clone()
+        index = [i for i, c in enumerate(compute) if c]
+        if index:
+            rows = torch.tensor(index, device=embeds.device)
+            hidden, sub_cos, sub_sin, sub_mask = (t.index_select(0, rows) for t in (first, cos, sin, mask))
+            for number, layer in enumerate(layers[1:], start=1):
+                keys, values = prefix.layers[number]
+                past = (keys.index_select(0, rows), values.index_select(0, rows))
+                hidden, _ = layer(hidden, sub_cos, sub_sin, sub_mask, past)
+            out.index_copy_(0, rows, hidden)
+        reused = [i for i, c in enumerate(compute) if not c]
+        if reused:
+            rows = torch.tensor(reused, device=embeds.device)
+            residuals = torch.stack([cache_rows[i][0].residual[cache_rows[i][1]] for i in reused])
+            out.index_copy_(0, rows, first.index_select(0, rows) + residuals)
+        for i, (state, branch) in enumerate(cache_rows):
+            diffusion_cache.record(state, branch, signal[i], out[i] - first[i] if compute[i] else None)
+        return out
 
     def velocity_from_ids(
         self, input_ids: torch.Tensor, latents: torch.Tensor, timestep: torch.Tensor, image_token_id: int

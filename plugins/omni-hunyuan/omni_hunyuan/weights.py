@@ -62,7 +62,8 @@ def read_tensors(
 def load_transformer(model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HunyuanImage3:
     """The transformer from any release-layout checkpoint, strictly (a missing or extra key is an error).
 
-    The router stays fp32 whatever `dtype` is, as in the release.
+    The router stays fp32 whatever `dtype` is, as in the release. On CUDA in bfloat16 the experts are
+    stacked for grouped GEMMs (`MoE.group_experts`).
     """
     config = HunyuanConfig.from_pretrained(model_path)
     with torch.device("meta"):
@@ -79,4 +80,7 @@ def load_transformer(model_path: str | Path, device: str = "cpu", dtype: torch.d
             # Cast each tensor once, from the file's dtype: the fp32 router never goes through `dtype`.
             target = torch.float32 if ".mlp.gate." in name else dtype
             param.data = param.data.to(device=device, dtype=target)
+    if str(device).startswith("cuda") and dtype == torch.bfloat16 and not config.mlp_bias:
+        for layer in model.model.layers:
+            layer.mlp.group_experts()  # one grouped GEMM per projection instead of a loop over experts
     return model.eval()

@@ -31,22 +31,27 @@ def runtime(checkpoint: Path) -> Any:
     runtime.close()
 
 
-def _run(runtime: Any, requests: dict[str, tuple[str, dict[str, Any]]], stagger: bool = False) -> dict[str, np.ndarray]:
-    """Run requests to completion; with `stagger` the second joins after the first's first step."""
-    images: dict[str, np.ndarray] = {}
+def _finals(runtime: Any, requests: dict[str, tuple[str, dict[str, Any]]], stagger: bool = False) -> dict[str, dict[str, Any]]:
+    """Run requests to completion, their final chunks' data; with `stagger` the second joins after
+    the first's first step."""
+    finals: dict[str, dict[str, Any]] = {}
     items = list(requests.items())
     runtime.add_request(items[0][0], StageInput(data={"prompt": items[0][1][0]}, params=items[0][1][1]))
     if stagger:
         for chunk in runtime.step():
             if chunk.final:
-                images[chunk.request_id] = chunk.data["image"]
+                finals[chunk.request_id] = chunk.data
     for request_id, (prompt, params) in items[1:]:
         runtime.add_request(request_id, StageInput(data={"prompt": prompt}, params=params))
     while runtime.has_unfinished():
         for chunk in runtime.step():
             if chunk.final:
-                images[chunk.request_id] = chunk.data["image"]
-    return images
+                finals[chunk.request_id] = chunk.data
+    return finals
+
+
+def _run(runtime: Any, requests: dict[str, tuple[str, dict[str, Any]]], stagger: bool = False) -> dict[str, np.ndarray]:
+    return {name: data["image"] for name, data in _finals(runtime, requests, stagger).items()}
 
 
 def _reference(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any, prompt: str, seed: int, steps: int) -> np.ndarray:
@@ -82,6 +87,36 @@ def test_requests_at_different_steps_with_different_prompt_lengths_share_forward
         expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 7, 3)
         assert np.abs(images[name].astype(int) - expected.astype(int)).max() <= 1, name
     assert not np.array_equal(images["long"], images["short"])
+
+
+def test_first_block_caching_skips_steps_per_request_and_threshold_zero_changes_nothing(
+    runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
+) -> None:
+    """The core's ``cache`` parameter: threshold 0 computes every step (the exact image); a loose
+    threshold skips steps and stays near the exact image; a request without it, denoised in the same
+    forwards, is untouched."""
+    prompt = "A red apple on a wooden table"
+    base = {"seed": 5, "num_inference_steps": 8, "size": (64, 64)}
+    finals = _finals(
+        runtime,
+        {
+            "exact": (prompt, base),
+            "zero": (prompt, {**base, "cache": {"mode": "first_block", "threshold": 0.0}}),
+            "loose": (prompt, {**base, "cache": {"mode": "first_block", "threshold": 1.0, "warmup_steps": 1}}),
+        },
+    )
+    expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 5, 8)
+    assert np.abs(finals["exact"]["image"].astype(int) - expected.astype(int)).max() <= 1
+    assert "cache" not in finals["exact"]
+    assert finals["zero"]["cache"] == {"computed_steps": 8, "skipped_steps": 0}
+    np.testing.assert_array_equal(finals["zero"]["image"], finals["exact"]["image"])
+    loose = finals["loose"]
+    assert loose["cache"]["skipped_steps"] > 0 and loose["cache"]["computed_steps"] + loose["cache"]["skipped_steps"] == 8
+    error = np.mean((loose["image"].astype(float) - finals["exact"]["image"].astype(float)) ** 2)
+    psnr = 10 * np.log10(255.0**2 / max(error, 1e-12))
+    assert 20.0 <= psnr < 100.0, psnr  # skipping changed the image, not into another (tiny random weights: ~27 dB)
+    with pytest.raises(Exception, match="cache"):
+        runtime.add_request("bad", StageInput(data={"prompt": prompt}, params={**base, "cache": {"mode": "sometimes"}}))
 
 
 def test_the_resolution_table() -> None:

@@ -54,39 +54,9 @@ def test_text_logits_equal_nemo(model: Any, reference: Any, tokenizer: Any, toke
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
-class _Prompts:
-    """nemo's pipeline asks a prompt tokenizer for the ids around the image span; these are ours."""
-
-    def __init__(self, tokenizer: Any, tokens: Any, side: int) -> None:
-        self.tokenizer, self.tokens, self.side = tokenizer, tokens, side
-
-    def target_size(self, width: int, height: int) -> tuple[int, int]:
-        return width, height
-
-    def __call__(self, prompt: str, height: int, width: int) -> dict[str, torch.Tensor]:
-        rows = t2i_rows(self.tokenizer, self.tokens, prompt, SQUARE, self.side, self.side, cfg=True)
-        prefix_end = rows.prefix.shape[1] + 1  # through <timestep>
-        return {
-            nemo_pipeline.PROMPT_IDS_KEY: rows.rows[0, :prefix_end],
-            nemo_pipeline.UNCOND_PROMPT_IDS_KEY: rows.rows[1, :prefix_end],
-            nemo_pipeline.PROMPT_SUFFIX_IDS_KEY: rows.rows[0, prefix_end + self.side * self.side :],
-        }
-
-
-class _ReleaseVAECall:
-    """The release VAE's call shape (``decode(z, return_dict, generator)``, ``ffactor_temporal``) over
-    the diffusers VAE, so nemo's pipeline decodes with the same weights; it keeps what it was given."""
-
-    def __init__(self, vae: Any) -> None:
-        self.vae, self.config, self.ffactor_temporal, self.seen = vae, vae.config, 4, None
-
-    def decode(self, latents: torch.Tensor, return_dict: bool = False, generator: Any = None) -> tuple[torch.Tensor]:
-        self.seen = latents.clone()
-        return (self.vae.decode(latents).sample,)
-
-
 def test_two_step_t2i_equals_nemo(checkpoint: Path, model: Any, reference: Any, tokenizer: Any, tokens: Any, vae: Any) -> None:
     """Same seed, same noise, same 2-step CFG schedule: latents within 1e-5, the 8-bit image equal."""
+    from omni_hunyuan.reference import NemoPrompts, ReleaseVAECall
     from omni_hunyuan.vae import decode_latents
 
     config = HunyuanConfig.from_pretrained(checkpoint)
@@ -94,8 +64,8 @@ def test_two_step_t2i_equals_nemo(checkpoint: Path, model: Any, reference: Any, 
     shift = float(generation_defaults(checkpoint)["flow_shift"])
     guidance, seed = 5.0, 42
 
-    release_vae = _ReleaseVAECall(vae)
-    pipe = nemo_pipeline.HunyuanImage3Pipeline(reference, release_vae, _Prompts(tokenizer, tokens, side), shift, torch.device("cpu"))
+    release_vae = ReleaseVAECall(vae)
+    pipe = nemo_pipeline.HunyuanImage3Pipeline(reference, release_vae, NemoPrompts(tokenizer, tokens, SQUARE, side), shift, torch.device("cpu"))
     size = side * config.vae_downsample
     image = pipe(PROMPT, generator=torch.Generator("cpu").manual_seed(seed), num_inference_steps=2, guidance_scale=guidance, height=size, width=size).images[0]
     theirs = release_vae.seen.squeeze(2) * config.vae["scaling_factor"]

@@ -103,3 +103,23 @@ def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: P
             latents = latents + (uncond + guidance * (cond - uncond)) * (sigmas[step + 1] - sigmas[step])
     torch.testing.assert_close(cached, latents, atol=1e-5, rtol=1e-5)
     assert torch.equal(decode_latents(vae, cached, config.vae), decode_latents(vae, latents, config.vae))
+
+
+def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
+    """`MoE.group_experts` (the CUDA bf16 path: one grouped GEMM per projection) routes and weighs
+    every token as the per-expert loop does, including experts no token picked."""
+    import copy
+
+    from omni_hunyuan.weights import load_transformer
+
+    moe = load_transformer(checkpoint).model.layers[0].mlp
+    grouped = copy.deepcopy(moe)
+    grouped.group_experts()
+    assert len(grouped.experts) == 0 and grouped.grouped is not None
+    tokens = torch.randn(3, 7, moe.gate.wg.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        picked = torch.topk(moe.gate(tokens.reshape(-1, tokens.shape[-1])), moe.topk, dim=-1).indices
+        one = moe(tokens[:1, :1])
+        torch.testing.assert_close(grouped(tokens[:1, :1]), one, atol=1e-5, rtol=1e-5)  # most experts idle
+        torch.testing.assert_close(grouped(tokens), moe(tokens), atol=1e-5, rtol=1e-5)
+    assert picked.unique().numel() > 1

@@ -1,0 +1,364 @@
+"""HunyuanImage-3.0 t2i benchmark: Omni's ``dit`` stage against nemo-automodel's HunyuanImage3Pipeline.
+
+    python bench/hunyuan_image3.py --preset tiny                                   # CPU, float32: a smoke test
+    OMNI_BENCH=hunyuan_image3 bash bench/gpu/run.sh h200 --layers 8 --repeats 2    # the H200 run (issue 25)
+
+Preset ``h200`` writes (under ``--scratch``) a random-weight checkpoint in the release layout with the
+released widths (hidden 4096, 32 query / 8 KV heads of 128, 64 experts top-8 + 1 shared of 3072, UNet
+patch embedder 1024, 32 latent channels, image_base_size 1024, a HunyuanVideo-1.5-wide VAE) and
+``--layers`` decoder layers (the release has 32); the tokenizer is the tiny one (the vocabulary only
+sizes the embedding and the LM head, which image steps do not run). The weights are drawn with std
+0.02, so the router spreads tokens over the experts as a trained one roughly does.
+
+In ONE process, on the same weights, the same prompts and seeds (peak memory reset per configuration):
+
+1. the reference: nemo-automodel's Apache-2.0 ``HunyuanImage3Pipeline`` (one prompt per call, the
+   whole sequence through the model at every step, CFG in the batch), with its fastest backends here
+   (SDPA attention, ``torch._grouped_mm`` experts), serving the requests one after the other;
+2. Omni's ``dit`` stage (the family's pipeline, its diffusion stage runtime) at concurrency 1 and N
+   (N requests arrive at once and are denoised together).
+
+Every request: t2i, ``--size`` square, ``--steps`` steps, CFG 5.0. Omni's images are compared with the
+reference's (PSNR): the same weights, noise and schedule, so they differ only by bf16 rounding.
+
+FLOPs are the transformer's forward FLOPs per image: for every row (cond and uncond) and step, each
+layer's linears (fused qkv, o, top-k experts, the shared expert; the router is left out) over the
+``<timestep>`` and image tokens, and attention of those tokens to the prefix and to each other; the
+UNet embedder and head, the VAE and the text prefix are left out.
+- *MFU* = images/s x model FLOPs per image / the measured bf16 matmul ceiling (wall time: everything
+  a request costs is in the denominator).
+- *HFU* = the FLOPs each system executes: the reference runs the whole sequence (prefix, ``<timestep>``,
+  image, ``<eoi>``) at every step; Omni runs the prefix once per request, then the image tokens.
+
+Results: ``$OUT/hunyuan-image3-<preset>.md`` and ``.json``. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from diffusion import PeakMemory, Run, matmul_ceiling, psnr, synchronize
+
+PROMPTS = [
+    "a red apple on a wooden table", "a cat sleeps on a sofa", "waves crash on the rocks at sunset",
+    "a robot arm picks up a blue cube", "city lights glow at night in the rain", "a dog runs on the beach",
+    "a cup of tea next to a book", "seagulls fly over the sea",
+]
+RELEASE = {
+    "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "attention_head_dim": 128,
+    "num_experts": 64, "moe_topk": 8, "moe_intermediate_size": 3072, "patch_embed_hidden_dim": 1024,
+    "image_base_size": 1024, "tokenizer_vocab": 512, "vae_blocks": [128, 256, 512, 1024, 1024],
+    "vae_layers_per_block": 2, "vit_width": 32,
+}
+GUIDANCE = 5.0
+
+
+def write_release_width(directory: Path, layers: int, device: str, seed: int = 0) -> None:
+    """A release-layout checkpoint with the released widths and `layers` layers (bf16; router fp32)."""
+    import torch
+    from omni_hunyuan import tiny
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.transformer import HunyuanImage3
+    from safetensors.torch import save_file
+
+    if (directory / "config.json").exists():
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = {**RELEASE, "num_hidden_layers": layers}
+    tokenizer = tiny.tiny_tokenizer(spec["tokenizer_vocab"], spec["image_base_size"])
+    config = tiny.release_config(spec, -(-len(tokenizer) // 64) * 64, tokenizer)
+    config["torch_dtype"] = "bfloat16"
+    with torch.device("meta"):
+        shapes = {name: p.shape for name, p in HunyuanImage3(HunyuanConfig.from_dict(config)).named_parameters()}
+    generator = torch.Generator(device).manual_seed(seed)
+    groups: dict[str, dict[str, Any]] = {}
+    for name, shape in sorted(shapes.items()):
+        group = f"layer{int(name.split('.')[2]):03d}" if name.startswith("model.layers.") else "rest"
+        dtype = torch.float32 if ".mlp.gate." in name else torch.bfloat16
+        if len(shape) == 1 and ("norm" in name or name.endswith(("in_layers.0.weight", "out_layers.0.weight", "model.1.0.weight"))):
+            tensor = torch.ones(shape, dtype=dtype)
+        else:
+            tensor = (torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 0.02).to(dtype).cpu()
+        groups.setdefault(group, {})[name] = tensor
+    groups["rest"].update({**tiny._vae_tensors(config, seed + 1), **tiny._vision_tensors(config, seed + 2)})
+    weight_map, total = {}, 0
+    for number, (group, tensors) in enumerate(sorted(groups.items()), start=1):
+        shard = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        save_file(tensors, str(directory / shard), metadata={"format": "pt"})
+        weight_map.update({key: shard for key in tensors})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "generation_config.json").write_text(json.dumps(tiny.generation_config(tokenizer), indent=2))
+    tokenizer.save_pretrained(directory)
+
+
+class Flops:
+    """Transformer forward FLOPs of one t2i image (see the module docstring)."""
+
+    def __init__(self, config: Any, prefix: int, side: int, steps: int, rows: int = 2) -> None:
+        hidden, heads, kv, head = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+        inter = config.moe_intermediate_size
+        self.linear_per_token = 2 * (hidden * (heads + 2 * kv) * head + heads * head * hidden
+                                     + (config.moe_topk + config.num_shared_experts) * 3 * hidden * inter)
+        self.heads_dim = heads * head
+        self.layers, self.prefix, self.tokens, self.steps, self.rows = config.num_layers, prefix, side * side + 1, steps, rows
+
+    def attention(self, queries: int, keys: int) -> float:
+        return 4.0 * queries * keys * self.heads_dim
+
+    def model(self) -> float:
+        """Credited: the new tokens of every step."""
+        per_row = self.tokens * self.linear_per_token + self.attention(self.tokens, self.prefix + self.tokens)
+        return float(self.layers * self.rows * self.steps * per_row)
+
+    def omni(self) -> float:
+        """Executed by Omni: the prefix once (causal, half its attention), then `model`."""
+        prefix = self.prefix * self.linear_per_token + self.attention(self.prefix, self.prefix) / 2
+        return self.model() + self.layers * self.rows * prefix
+
+    def reference(self) -> float:
+        """Executed by the reference: the whole row (prefix, <timestep>, image, <eoi>) at every step,
+        every token against every key (its mask blocks, its kernels still compute)."""
+        whole = self.prefix + self.tokens + 1
+        return float(self.layers * self.rows * self.steps * (whole * self.linear_per_token + self.attention(whole, whole)))
+
+
+class Reference:
+    """nemo-automodel's HunyuanImage3Pipeline on the checkpoint (its fastest backends here)."""
+
+    def __init__(self, model: Path, device: str, dtype: str) -> None:
+        import nemo_automodel.components.models.hunyuan_image3.pipeline as nemo_pipeline
+        import torch
+        from nemo_automodel.components.models.common import BackendConfig
+        from nemo_automodel.components.models.hunyuan_image3 import HunyuanImage3Config, HunyuanImage3ForCausalMM
+        from omni_hunyuan.config import HunyuanConfig, generation_defaults
+        from omni_hunyuan.reference import NemoPrompts, ReleaseVAECall
+        from omni_hunyuan.resolution import ratio_sizes
+        from omni_hunyuan.tokens import SpecialTokens
+        from omni_hunyuan.vae import load_vae
+        from omni_hunyuan.weights import read_tensors
+        from transformers import AutoTokenizer
+
+        config = HunyuanConfig.from_pretrained(model)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokens = SpecialTokens.from_tokenizer(tokenizer, config.image_base_size)
+        raw = json.loads((model / "config.json").read_text())
+        fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "torch_dtype")}
+        nemo_config = HunyuanImage3Config(**fields, image_token_id=tokens.image, timestep_token_id=tokens.timestep, torch_dtype=dtype)
+        cuda = device.startswith("cuda")
+        backend = BackendConfig(attn="sdpa", linear="torch", experts="torch_mm" if cuda else "torch", dispatcher="torch",
+                                rms_norm="torch_fp32")
+        with torch.device("meta"):
+            transformer = HunyuanImage3ForCausalMM(nemo_config, backend=backend)
+        transformer.to_empty(device=device)
+        transformer.initialize_weights(torch.device(device), dtype=getattr(torch, dtype))
+        state = transformer.state_dict_adapter.from_hf(read_tensors(model))
+        missing, unexpected = transformer.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"nemo reference: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
+        del state
+        self.transformer = transformer.eval()
+        self.vae = ReleaseVAECall(load_vae(model, config.vae, device=device))
+        base = config.image_base_size
+        square = ratio_sizes(base, len(tokens.ratios)).index((base, base))
+        prompts = NemoPrompts(tokenizer, tokens, square, base // config.vae_downsample)
+        shift = float(generation_defaults(model).get("flow_shift", 3.0))
+        self.pipe = nemo_pipeline.HunyuanImage3Pipeline(self.transformer, self.vae, prompts, shift, torch.device(device))
+        self.device = device
+
+    def run(self, requests: int, size: int, steps: int, memory: PeakMemory) -> Run:
+        import torch
+
+        memory.reset()
+        images, latencies = [], []
+        start = time.perf_counter()
+        with torch.no_grad():
+            for i in range(requests):
+                began = time.perf_counter()
+                generator = torch.Generator(self.device).manual_seed(i)
+                out = self.pipe(PROMPTS[i % len(PROMPTS)], generator=generator, num_inference_steps=steps,
+                                guidance_scale=GUIDANCE, height=size, width=size)
+                images.append(np.asarray(out.images[0]))
+                latencies.append(time.perf_counter() - began)
+        synchronize(self.device)
+        return Run("nemo-automodel pipeline", 1, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
+
+    def close(self) -> None:
+        self.pipe = self.transformer = self.vae = None
+
+
+class Omni:
+    """Omni's ``dit`` stage: the family's pipeline resolved for the checkpoint, its diffusion stage
+    runtime driven as the engine's worker drives it (add requests, step until each one's final chunk).
+    t2i never reaches the ``ar`` stage, which needs vLLM (the GPU machine has none), so it is not built."""
+
+    def __init__(self, model: Path, device: str, dtype: str, max_num_seqs: int) -> None:
+        import attrs
+        import omni_hunyuan.plugin
+        from omni_core.config import resolve
+        from omni_core.plugins import load_plugins
+        from omni_core.stages.diffusion import DiffusionStageRuntime
+
+        host = load_plugins(entry_points=(), extra_plugins=[omni_hunyuan.plugin])
+        overrides = ["dit.placement=inline", f"dit.max_num_seqs={max_num_seqs}", f"dit.dtype={dtype}", f"dit.device={device}"]
+        pipeline = resolve(str(model), overrides=overrides, plugins=host)
+        stage = pipeline.stage("dit")
+        self.runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
+        self.runtime.load()
+        self.device = device
+
+    @staticmethod
+    def request(index: int, size: int, steps: int) -> Any:
+        from omni_core.outputs import StageInput
+
+        params = {"num_inference_steps": steps, "guidance_scale": GUIDANCE, "seed": index, "size": [size, size], "cache": "none"}
+        return StageInput(data={"prompt": PROMPTS[index % len(PROMPTS)]}, params=params)
+
+    def _serve(self, indices: list[int], size: int, steps: int, start: float) -> dict[int, tuple[np.ndarray, float]]:
+        for i in indices:
+            self.runtime.add_request(str(i), self.request(i, size, steps))
+        done: dict[int, tuple[np.ndarray, float]] = {}
+        while self.runtime.has_unfinished():
+            for chunk in self.runtime.step():
+                if chunk.final:
+                    done[int(chunk.request_id)] = (np.asarray(chunk.data["image"]), time.perf_counter() - start)
+        return done
+
+    def run(self, concurrency: int, requests: int, size: int, steps: int, memory: PeakMemory) -> Run:
+        memory.reset()
+        images, latencies = [], []
+        start = time.perf_counter()
+        for first in range(0, requests, concurrency):
+            began = time.perf_counter()
+            done = self._serve(list(range(first, min(requests, first + concurrency))), size, steps, start)
+            for i in sorted(done):
+                images.append(done[i][0])
+                latencies.append(done[i][1] - (began - start if concurrency == 1 else 0.0))
+        synchronize(self.device)
+        return Run("omni", concurrency, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceiling: float, weights_gib: float,
+           psnrs: dict[str, list[float]]) -> str:
+    """The markdown table (median of the repeats, spread as min-max) and the reading."""
+    base = float(np.median([r.images_per_s for r in runs[0]]))
+    lines = [
+        f"## HunyuanImage-3.0 t2i, {args.preset}: {args.layers} layers"
+        f"{' at the released widths' if args.preset == 'h200' else ''}, {args.size}x{args.size}, "
+        f"{args.steps} steps, CFG {GUIDANCE}, {args.requests} requests",
+        "",
+        f"{platform.node()}, {args.device}, {args.dtype}; matmul ceiling {ceiling / 1e12:.1f} TFLOP/s; weights {weights_gib:.1f} GiB; "
+        f"model FLOPs per image {flops.model() / 1e12:.1f} TFLOP; repeats {args.repeats}",
+        "",
+        "| system | concurrency | images/s (min-max) | vs reference | p50 latency (s) | MFU | HFU | peak GPU memory (GiB) | PSNR vs reference (dB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for config in runs:
+        rates = [r.images_per_s for r in config]
+        rate = float(np.median(rates))
+        executed = flops.reference() if config[0].system.startswith("nemo") else flops.omni()
+        key = f"{config[0].system} c{config[0].concurrency}"
+        quality = f"{min(psnrs[key]):.1f}" if psnrs.get(key) else "-"
+        lines.append(
+            f"| {config[0].system} | {config[0].concurrency} | {rate:.4f} ({min(rates):.4f}-{max(rates):.4f}) | "
+            f"{rate / base:.2f}x | {np.median([np.median(r.latencies_s) for r in config]):.2f} | "
+            f"{rate * flops.model() / ceiling:.1%} | {rate * executed / ceiling:.1%} | "
+            f"{max(r.peak_mib for r in config) / 1024:.1f} | {quality} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=("tiny", "h200"), default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers of the h200 preset (the release has 32)")
+    parser.add_argument("--size", type=int, default=None, help="square image side (default: the checkpoint's base size)")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=4, help="requests per configuration (and Omni's concurrency)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
+    args = parser.parse_args()
+
+    import torch
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.prompt import t2i_rows
+    from omni_hunyuan.tokens import SpecialTokens
+    from transformers import AutoTokenizer
+
+    model = args.scratch / f"{args.preset}-{args.layers}"
+    began = time.perf_counter()
+    if args.preset == "tiny":
+        from omni_hunyuan.tiny import make_tiny
+
+        args.layers = 2
+        model = args.scratch / "tiny"
+        if not (model / "config.json").exists():
+            make_tiny(model)
+    else:
+        write_release_width(model, args.layers, args.device)
+    print(f"checkpoint {model} ready in {time.perf_counter() - began:.0f} s", flush=True)
+    stamp = time.perf_counter()
+    config = HunyuanConfig.from_pretrained(model)
+    args.size = args.size or config.image_base_size
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokens = SpecialTokens.from_tokenizer(tokenizer, config.image_base_size)
+    side = args.size // config.vae_downsample
+    prefix = int(np.mean([t2i_rows(tokenizer, tokens, p, 0, side, side, cfg=True).prefix.shape[1] for p in PROMPTS[: args.requests]]))
+    flops = Flops(config, prefix, side, args.steps)
+    ceiling = matmul_ceiling(args.device, args.dtype, 8192 if args.device.startswith("cuda") else 1024)
+    weights_gib = sum(f.stat().st_size for f in model.glob("*.safetensors")) / 2**30
+    memory = PeakMemory(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"hunyuan-image3-{args.preset}.md"
+
+    runs: list[list[Run]] = []
+    psnrs: dict[str, list[float]] = {}
+
+    def record(config: list[Run]) -> None:
+        runs.append(config)
+        text = report(args, runs, flops, ceiling, weights_gib, psnrs)
+        out.write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(
+            [{"system": c[0].system, "concurrency": c[0].concurrency, "images_per_s": [r.images_per_s for r in c],
+              "latencies_s": [r.latencies_s for r in c], "peak_mib": [r.peak_mib for r in c]} for c in runs], indent=1))
+        print(text, flush=True)
+
+    reference = Reference(model, args.device, args.dtype)
+    print(f"reference loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
+    reference.run(1, args.size, 2, memory)  # warm-up: kernels, allocator
+    ref_runs = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+    expected = ref_runs[0].images
+    reference.close()
+    del reference
+    gc.collect()
+    torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+    record(ref_runs)
+
+    stamp = time.perf_counter()
+    omni = Omni(model, args.device, args.dtype, args.requests)
+    print(f"omni loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
+    omni.run(1, 1, args.size, 2, memory)  # warm-up
+    for concurrency in (1, args.requests):
+        config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+        psnrs[f"omni c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+        record(config)
+    omni.close()
+
+
+if __name__ == "__main__":
+    main()
