@@ -166,6 +166,9 @@ class Reference:
         if missing or unexpected:
             raise ValueError(f"nemo reference: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
         del state
+        with torch.no_grad():  # the release's dtypes: the router fp32 (nemo's _keep_in_fp32_modules_strict), the rest `dtype`
+            for name, param in transformer.named_parameters():
+                param.data = param.data.to(torch.float32 if ".mlp.gate." in name else getattr(torch, dtype))
         self.transformer = transformer.eval()
         self.vae = ReleaseVAECall(load_vae(model, config.vae, device=device))
         base = config.image_base_size

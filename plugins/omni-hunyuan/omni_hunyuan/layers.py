@@ -160,7 +160,11 @@ class MoE(nn.Module):
         up, gate = hidden.chunk(2, dim=-1)
         out = torch._grouped_mm(up * F.silu(gate), down_weight.transpose(1, 2), offs=ends)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
-        return torch.zeros_like(tokens).index_add_(0, rows, out)
+        # Back to (token, slot) order with a plain scatter, then a sum over each token's k slots: no
+        # atomic adds (index_add_ of bf16 rows on CUDA), and the sum accumulates in fp32.
+        unsorted = torch.empty_like(out)
+        unsorted[order] = out
+        return unsorted.view(tokens.shape[0], self.topk, -1).sum(dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
