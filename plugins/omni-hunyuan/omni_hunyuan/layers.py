@@ -134,8 +134,8 @@ class MoE(nn.Module):
             else None
         )
 
-        # `group_experts` stacks the experts here: [E, 2I, H] and [E, H, I] (then `experts` is empty).
-        self.grouped: tuple[nn.Parameter, nn.Parameter] | None = None
+        # `group_experts` stacks the experts into `grouped_up` [E, 2I, H] and `grouped_down` [E, H, I].
+        self.grouped = False
 
     def group_experts(self) -> None:
         """Stack the experts' weights for grouped GEMMs (``torch._grouped_mm``: one kernel per projection
@@ -147,11 +147,12 @@ class MoE(nn.Module):
         up = torch.stack([expert.gate_and_up_proj.weight for expert in self.experts])
         down = torch.stack([expert.down_proj.weight for expert in self.experts])
         self.experts = nn.ModuleList()
-        self.grouped = (nn.Parameter(up, requires_grad=False), nn.Parameter(down, requires_grad=False))
+        self.grouped_up = nn.Parameter(up, requires_grad=False)
+        self.grouped_down = nn.Parameter(down, requires_grad=False)
+        self.grouped = True
 
     def _grouped(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        assert self.grouped is not None
-        up_weight, down_weight = self.grouped
+        up_weight, down_weight = self.grouped_up, self.grouped_down
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order
         rows = order // self.topk
@@ -172,7 +173,7 @@ class MoE(nn.Module):
         weights, chosen = torch.topk(self.gate(tokens), self.topk, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        if self.grouped is not None:
+        if self.grouped:
             routed = self._grouped(tokens, weights, chosen)
         else:
             routed = torch.zeros_like(tokens)
