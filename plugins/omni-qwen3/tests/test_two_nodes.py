@@ -36,13 +36,13 @@ TAP = "action"  # the talker's chunks also reach the user, for their codes
 OVERRIDES = ("code2wav.chunk_size=8", "thinker.ray.num_cpus=0", "talker.ray.num_cpus=0", "code2wav.ray.num_cpus=0")
 
 
-def request(thinker_tokens: int = 60) -> OmniRequest:
+def request(thinker_tokens: int = 60, talker_tokens: int = 30) -> OmniRequest:
     return OmniRequest(
         messages=MESSAGES,
         modalities=("text", "audio", TAP),
         params={
             "thinker": {"max_tokens": thinker_tokens, "ignore_eos": True, "temperature": 0.0},
-            "talker": {"max_tokens": 30, "temperature": 0.0},
+            "talker": {"max_tokens": talker_tokens, "temperature": 0.0},
         },
     )
 
@@ -106,8 +106,9 @@ async def test_two_nodes_equal_one_host_and_survive_a_dead_actor(tiny_dir: Path,
         assert run.first_audio < run.last_text  # the talker and code2wav ran alongside the thinker
 
         # The talker's actor (node b) dies mid-request: that request fails within 5 s, the next succeeds.
-        in_flight = asyncio.create_task(generate(engine, request(thinker_tokens=400)))
-        await asyncio.sleep(1.0)
+        # Both as long as the context allows, so the talker is still at work when it dies.
+        in_flight = asyncio.create_task(generate(engine, request(thinker_tokens=400, talker_tokens=400)))
+        await asyncio.sleep(0.3)  # the whole request (its context's worth of tokens) takes about 1 s now
         assert not in_flight.done()
         killed = time.monotonic()
         ray.kill(engine.groups["talker"].replicas[0]._actor)
