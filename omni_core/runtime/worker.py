@@ -23,6 +23,7 @@ from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, OutputAdapter, PartContext, PassThroughAdapter, build_part
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
+from omni_core.runtime.replica import KERNEL_CACHE_ENV
 from omni_core.stages.base import StageRuntime
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class StageWorker:
             # cpu_threads: the OpenMP thread count the process was started with (None: the default).
             stats = {
                 "pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS"), "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                "kernel_cache": _env_int("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
+                "kernel_cache": _env_int(KERNEL_CACHE_ENV),
             }
             if self.runtime is not None:
                 stats |= self.runtime.health_stats()
