@@ -177,7 +177,7 @@ def test_one_forward_per_step_for_the_whole_batch(checkpoint: Path) -> None:
 
 def test_first_chunk_catch_up_and_frame_budget_keep_the_audio_exact(checkpoint: Path) -> None:
     """A small first chunk, catch-up chunks and a per-step frame budget change only the chunking."""
-    runtime = make_runtime(checkpoint, chunk_size=4, first_chunk_size=2, max_chunk_size=10, max_batch_frames=15)
+    runtime = make_runtime(checkpoint, chunk_size=4, first_chunk_size=2, max_chunk_size=10, max_batch_frames=20)
     model = vocoder(runtime)
     spf = model.config.samples_per_frame
     codes = random_codes({"a": 26, "b": 26, "c": 26}, seed=7)
@@ -189,7 +189,8 @@ def test_first_chunk_catch_up_and_frame_budget_keep_the_audio_exact(checkpoint: 
     np.testing.assert_allclose(joined(first["a"]), full_decode(runtime, codes["a"]), atol=1e-5, rtol=0)
 
     # All frames already there (the stage is behind): chunks of up to 10 frames catch up, and the
-    # 15-new-frame budget splits what would be one batch of two.
+    # 20-frame budget (rows x the longest row, left context included: two 10-frame first chunks fit,
+    # two rows of 16 + 10 do not) splits what would be one batch of two.
     model.batch_sizes.clear()
     for request_id in ("b", "c"):
         runtime.add_request(request_id, StageInput(data={"codes": codes[request_id]}, final=True))

@@ -46,9 +46,10 @@ class GenerationOptions:
         default=None,
         validator=_positive_or_none,
         metadata={
-            "doc": "Most new frames (left context not counted) decoded in one step; requests past it wait for the "
-            "next step (one always runs). Convolutional decoders on CPU slow down per frame once a batch outgrows "
-            "the caches; ``None``: no limit."
+            "doc": "Most frames in one step's padded batch (rows x the longest row, left context included): what the "
+            "decode computes and holds in memory; requests past it wait for the next step (one always runs). "
+            "Convolutional decoders on CPU slow down per frame once a batch outgrows the caches, and the process "
+            "keeps its largest batch's memory; ``None``: no limit."
         },
     )
     first_chunk_size: int | None = attrs.field(
@@ -244,12 +245,13 @@ class GenerationStageRuntime(StageRuntime):
         budget = self.options.max_batch_frames
         chunks: list[Chunk] = []
         items: list[DecodeItem] = []
-        frames = 0
+        longest = 0  # frames of the batch's longest row: every row is padded to it
         for request_id in chosen:
             request = self._requests[request_id]
             item = self._next_item(request_id, request)
-            if item is not None and items and budget is not None and frames + item.new_frames > budget:
-                break  # it keeps its place in the service order for the next step
+            if item is not None and items and budget is not None:
+                if (len(items) + 1) * max(longest, int(item.frames.shape[0])) > budget:
+                    break  # it keeps its place in the service order for the next step
             del self._requests[request_id]
             self._requests[request_id] = request  # to the back of the service order
             if item is None:  # final input with nothing left to decode: close the stream
@@ -261,7 +263,7 @@ class GenerationStageRuntime(StageRuntime):
                 chunks.append(self._fail(request_id, request, exc))
                 continue
             items.append(item)
-            frames += item.new_frames
+            longest = max(longest, int(item.frames.shape[0]))
         if items:
             outputs = model.decode(DecodeBatch(items))
             if len(outputs) != len(items):
