@@ -17,8 +17,9 @@ Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngi
 - What a model class may read of the running batch, as methods of that mixin, so that no plugin
   touches vLLM's runner, forward context or sampling state itself: `omni_batch_layout()` (each
   request's rows and positions in this forward), `omni_is_greedy()`, `omni_generator()` and
-  `omni_output_token_ids()` (a request's sampling state), `omni_emit_rows()` (rows for the side
-  channel from a model that writes its own).
+  `omni_output_token_ids()` (a request's sampling state), `omni_extra_args()` (what its model part
+  put in its sampling parameters), `omni_emit_rows()` (rows for the side channel from a model that
+  writes its own).
 - The per-request side-input store: values a model class reads per request while it runs (e.g. a
   talker's trailing text, which grows as its upstream streams), keyed by a stable request key that
   `tag_request` puts in `SamplingParams.extra_args` (it survives vLLM's id suffixing and outlives
@@ -453,6 +454,12 @@ class HiddenStateCapture:
     def omni_output_token_ids(self, req_id: str) -> Sequence[int]:
         """The tokens vLLM sampled for request `req_id` in this run so far (read-only: vLLM's list)."""
         return self._omni_state(req_id).output_token_ids
+
+    def omni_extra_args(self, req_id: str) -> dict[str, Any]:
+        """Request `req_id`'s ``SamplingParams.extra_args`` (what a model part's `sampling_params` put
+        there for its model class, e.g. which requests want per-row output); empty if none."""
+        state = self._omni_request_state(req_id)
+        return dict(getattr(getattr(state, "sampling_params", None), "extra_args", None) or {})
 
     def omni_emit_rows(self, req_id: str, start: int, rows: torch.Tensor) -> None:
         """Send `rows` (consecutive tokens of request `req_id` from position `start`) through the side

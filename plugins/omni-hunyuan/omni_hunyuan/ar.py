@@ -5,6 +5,10 @@ transformers can read (the release config's type is unknown to transformers and 
 remote code we never run), and builds the prompt with ids from the checkpoint's tokenizer: the
 ``pretrain`` template's ``<bos> prompt`` (``t2t``), or for think/recaption-then-draw (input
 ``bot_task``) the ``instruct`` template's ``<bos>User: prompt\n\nAssistant: <think>``.
+
+For think/recaption-then-draw the input processor sets `PREFIX_KV_PARAM`: the request's keys and
+values (`omni_hunyuan.vllm_model`) come with its chunks as ``prefix_kv`` rows, one per computed token,
+for the ``dit`` stage to start its prefix from (``reuse_prefix_kv``).
 """
 
 from __future__ import annotations
@@ -17,9 +21,13 @@ from typing import Any
 
 from omni_core.config.modelref import cache_dir
 from omni_core.outputs import StageInput
-from omni_core.stages.ar_model import ARModel
+from omni_core.stages.ar_model import ARDelta, ARModel
 
 ARCHITECTURE = "OmniHunyuanImage3ForCausalLM"
+PREFIX_KV_PARAM = "prefix_kv"
+"""The ``ar`` stage's parameter (set by the input processor, never by users) asking for the request's keys/values."""
+KV_EXPORT_ARG = "omni_hunyuan_prefix_kv"
+"""The same, in `SamplingParams.extra_args`, where the vLLM model class reads it."""
 
 
 class HunyuanAR(ARModel):
@@ -28,6 +36,18 @@ class HunyuanAR(ARModel):
     architectures = types.MappingProxyType({ARCHITECTURE: "omni_hunyuan.vllm_model:HunyuanImage3ForVLLM"})
     # The ratio step of think/recaption-then-draw, on vLLM's logits-processor extension point.
     engine_overrides = types.MappingProxyType({"logits_processors": ["omni_hunyuan.ratio_tail:RatioTail"]})
+    # The side channel that carries the keys/values the dit stage reuses (rows only for those requests).
+    capture_hidden_states = True
+
+    def wants_hidden_states(self, stage_input: StageInput) -> bool:
+        return bool(stage_input.params.get(PREFIX_KV_PARAM))
+
+    def chunk_data(self, delta: ARDelta) -> dict[str, Any]:
+        data = super().chunk_data(delta)
+        rows = data.pop("hidden_states", None)
+        if rows is not None:
+            data[PREFIX_KV_PARAM] = rows
+        return data
 
     def engine_args(self) -> dict[str, Any]:
         from omni_hunyuan.vllm_model import vllm_config_dir
@@ -56,9 +76,11 @@ class HunyuanAR(ARModel):
         from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 
         tail = params.get(RATIO_TAIL_PARAM)
-        sampling = super().sampling_params({k: v for k, v in params.items() if k != RATIO_TAIL_PARAM}, delta=delta)
-        if tail is not None:
-            sampling.extra_args = {**(sampling.extra_args or {}), TAIL_ARG: tail}
+        export = bool(params.get(PREFIX_KV_PARAM))
+        sampling = super().sampling_params({k: v for k, v in params.items() if k not in (RATIO_TAIL_PARAM, PREFIX_KV_PARAM)}, delta=delta)
+        extra = {**({TAIL_ARG: tail} if tail is not None else {}), **({KV_EXPORT_ARG: True} if export else {})}
+        if extra:
+            sampling.extra_args = {**(sampling.extra_args or {}), **extra}
         return sampling
 
     @functools.cached_property

@@ -7,7 +7,10 @@ step as token ids (``think_t2i``/``recaption_t2i``, `ReasoningAdapter`). The siz
 logits limited to the ratio tokens of drawable sizes (as the release's ratio step).
 
 Per request: the prompt's token rows (cond, plus uncond under CFG) are encoded ONCE into a text-prefix
-KV cache (`start`); every step then runs only ``<timestep>`` and the image tokens. Requests at
+KV cache (`start`); every step then runs only ``<timestep>`` and the image tokens. After think/recaption
+the cond row starts from the ``ar`` stage's keys/values (``prefix_kv``: every token it computed, i.e.
+all but the ratio token it sampled last), so only the rest of that row is computed here
+(``reuse_prefix_kv: false``: all of it, for the same image). Requests at
 different steps and with prompts of different lengths share one forward (`denoise`): their caches are
 right-padded and masked, their timesteps are per row, and each request keeps its own sigmas.
 The core's ``cache`` parameter (first-block caching) is decided per row: a row whose first layer's
@@ -41,15 +44,17 @@ class _State:
     sigmas: torch.Tensor
     guidance_scale: float
     cache: PrefixCache | None = None
+    ar_kv: torch.Tensor | None = None  # the ar stage's rows of the cond row's first tokens (`start` uses them)
 
 
 class HunyuanDiT(DiffusionModel):
     """Text -> image with HunyuanImage-3.0's own transformer; stage params ``seed``, ``size``
     ([width, height]), ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config),
-    and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
+    ``reuse_prefix_kv`` (after think/recaption: start from the ``ar`` stage's keys/values; default
+    true) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
 
     max_steps = 200
-    request_params = frozenset({"seed", "size", "num_inference_steps", "guidance_scale"})
+    request_params = frozenset({"seed", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv"})
 
     def load(self, spec: LoadSpec) -> None:
         from transformers import AutoTokenizer
@@ -88,13 +93,30 @@ class HunyuanDiT(DiffusionModel):
         width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
         side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
         rows = image_rows(self.tokens, text_ids, ratio, side_h, side_w, cfg=guidance > 1.0)
+        reuse = self._param(data, params, "reuse_prefix_kv", True)
+        if not isinstance(reuse, bool):
+            raise InvalidRequestError(f"reuse_prefix_kv must be true or false, got {reuse!r}", param="reuse_prefix_kv")
         state = _State(
             prefix_ids=rows.prefix.to(self.device),
             latents=initial_noise(seed, self.config.latent_channels, side_h, side_w, self.device),
             sigmas=flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device),
             guidance_scale=guidance,
+            ar_kv=self._reused_rows(data, rows.prefix[0].tolist()) if reuse else None,
         )
         return [DiffusionSample(request_id, 0, steps, (side_h, side_w), state)]
+
+    def _reused_rows(self, data: dict[str, Any], cond: list[int]) -> torch.Tensor | None:
+        """The ``ar`` stage's key/value rows that the cond row can start from: those of the longest
+        common beginning of what it computed (prompt, then reasoning) and the cond row."""
+        rows = data.get("prefix_kv")
+        if rows is None:
+            return None
+        c = self.config
+        if rows.ndim != 2 or rows.shape[1] != c.num_layers * 2 * c.num_kv_heads * c.head_dim:
+            raise ValueError(f"prefix_kv rows of shape {tuple(rows.shape)} do not fit this checkpoint's layers and KV heads")
+        computed = [*data["prompt_token_ids"], *(data.get("token_ids") or ())][: rows.shape[0]]
+        same = next((i for i, (a, b) in enumerate(zip(computed, cond)) if a != b), min(len(computed), len(cond)))
+        return rows[:same] if same > 0 else None
 
     def _text_ids(self, data: dict[str, Any]) -> tuple[list[int], int | None]:
         """``<bos> prompt`` (t2i), or the ``ar`` stage's prompt, reasoning and ``<answer>`` with the
@@ -128,8 +150,17 @@ class HunyuanDiT(DiffusionModel):
         return self.drawable[int(logits[0, -1, allowed].argmax())]
 
     def start(self, samples: list[DiffusionSample]) -> None:
+        dtype = self.transformer.model.wte.weight.dtype
         for sample in samples:
-            sample.state.cache = self.transformer.encode_prefix(sample.state.prefix_ids)
+            state: _State = sample.state
+            if state.ar_kv is None:
+                state.cache = self.transformer.encode_prefix(state.prefix_ids)
+                continue
+            reused = PrefixCache.from_rows(state.ar_kv, self.config, device=self.device, dtype=dtype)
+            rows = [self.transformer.encode_prefix(state.prefix_ids[:1, reused.length :], reused)]
+            if state.prefix_ids.shape[0] > 1:  # the uncond row (<cfg> tokens): never computed by ar
+                rows.append(self.transformer.encode_prefix(state.prefix_ids[1:]))
+            state.cache, state.ar_kv = PrefixCache.concat(rows), None
 
     @torch.no_grad()
     def denoise(self, samples: list[DiffusionSample]) -> None:

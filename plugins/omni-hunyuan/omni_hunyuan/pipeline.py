@@ -17,19 +17,23 @@ names one):
 | ``recaption_t2i`` | ar -> dit: ``<recaption>`` rewritten prompt, then the image | text, image |
 
 Each stage still loads its own copy of the weights (shared-model stages are not in the core yet).
+After think/recaption, the ``dit`` stage starts from the ``ar`` stage's keys/values of the prompt and
+reasoning (``prefix_kv`` rows, `omni_hunyuan.ar`) instead of computing them again; the ``dit``
+parameter ``reuse_prefix_kv: false`` recomputes them (the same image).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from omni_hunyuan.ar import PREFIX_KV_PARAM
 from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskSpec
 from omni_core.engine.inputs import last_user_text
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.parts import EdgeAdapter, InputProcessor
+from omni_core.parts import EdgeAdapter, InputProcessor, OutputAdapter
 
 STAGE = "dit"
 AR_STAGE = "ar"
@@ -60,7 +64,10 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     return PipelineConfig(
         family="hunyuan-image3",
         stages=(
-            StageSpec(name=AR_STAGE, kind="ar", model="omni_hunyuan.ar:HunyuanAR", output="text", params={"temperature": 0.0}),
+            StageSpec(
+                name=AR_STAGE, kind="ar", model="omni_hunyuan.ar:HunyuanAR", output="text", params={"temperature": 0.0},
+                output_adapter="omni_hunyuan.pipeline:ReasoningOutput",
+            ),
             StageSpec(
                 name=STAGE,
                 kind="diffusion",
@@ -100,6 +107,9 @@ class HunyuanInputProcessor(InputProcessor):
             prompt = last_user_text(request.messages)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
+        reuse = request.params.get(STAGE, {}).get("reuse_prefix_kv", True)
+        if not isinstance(reuse, bool):  # (checked here too: after think/recaption, dit would see it only later)
+            raise InvalidRequestError(f"reuse_prefix_kv must be true or false, got {reuse!r}", param="reuse_prefix_kv")
         dit: dict[str, Any] = {}
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
@@ -121,6 +131,8 @@ class HunyuanInputProcessor(InputProcessor):
             ar_params["skip_special_tokens"] = False
         ar_params["stop_token_ids"] = [*asked.get("stop_token_ids", ()), *self.ratio_ids]
         ar_params[RATIO_TAIL_PARAM] = tail
+        if reuse:
+            ar_params[PREFIX_KV_PARAM] = True  # its keys/values come along for the dit stage
         return {
             AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task}, final=True, params=ar_params),
             STAGE: StageInput(data={}, params=dit),  # its text comes from ar (ReasoningAdapter)
@@ -128,12 +140,27 @@ class HunyuanInputProcessor(InputProcessor):
 
 
 class ReasoningAdapter(EdgeAdapter):
-    """``ar`` -> ``dit``: the ``ar`` stage's prompt and reasoning as token ids, once it is done."""
+    """``ar`` -> ``dit``: the ``ar`` stage's prompt and reasoning as token ids, once it is done, and
+    its keys/values of them (``prefix_kv`` rows) when it sent them."""
 
     def on_chunk(self, state: dict[str, Any], chunk: Chunk) -> StageInput | None:
         if chunk.data.get("prompt_token_ids") is not None:
             state["prompt_token_ids"] = list(chunk.data["prompt_token_ids"])
         state.setdefault("token_ids", []).extend(chunk.data.get("token_ids") or ())
+        if chunk.data.get(PREFIX_KV_PARAM) is not None:
+            state.setdefault("kv", []).append(chunk.data[PREFIX_KV_PARAM])
         if not chunk.final:
             return None
-        return StageInput(data={"prompt_token_ids": state["prompt_token_ids"], "token_ids": state["token_ids"]}, final=True)
+        data: dict[str, Any] = {"prompt_token_ids": state["prompt_token_ids"], "token_ids": state["token_ids"]}
+        if state.get("kv"):
+            import torch
+
+            data[PREFIX_KV_PARAM] = torch.cat(state["kv"]) if len(state["kv"]) > 1 else state["kv"][0]
+        return StageInput(data=data, final=True)
+
+
+class ReasoningOutput(OutputAdapter):
+    """The ``ar`` stage's chunks as the user sees them: without the keys/values meant for ``dit``."""
+
+    def to_output(self, chunk: Chunk) -> dict[str, Any]:
+        return {key: value for key, value in chunk.data.items() if key != PREFIX_KV_PARAM}

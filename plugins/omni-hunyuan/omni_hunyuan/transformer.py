@@ -47,6 +47,19 @@ class PrefixCache:
         return max(self.lengths)
 
     @staticmethod
+    def from_rows(rows: torch.Tensor, config: HunyuanConfig, *, device: Any = None, dtype: torch.dtype | None = None) -> PrefixCache:
+        """The cache of one sequence from per-token rows ``[n, layers * 2 * kv_heads * head_dim]`` (each
+        token's keys then values, layer by layer: what the ``ar`` stage's vLLM model exports,
+        `omni_hunyuan.vllm_model.kv_rows`)."""
+        n = rows.shape[0]
+        shaped = rows.to(device=device, dtype=dtype).view(n, config.num_layers, 2, config.num_kv_heads, config.head_dim)
+        layers = tuple(
+            (shaped[:, i, 0].transpose(0, 1)[None].contiguous(), shaped[:, i, 1].transpose(0, 1)[None].contiguous())
+            for i in range(config.num_layers)
+        )
+        return PrefixCache(layers, (n,))
+
+    @staticmethod
     def concat(caches: list[PrefixCache]) -> PrefixCache:
         """One cache of every row of `caches` (right-padded with zeros to the longest)."""
         if len(caches) == 1:
@@ -139,12 +152,20 @@ class HunyuanImage3(nn.Module):
     # -- image -----------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def encode_prefix(self, prefix_ids: torch.Tensor) -> PrefixCache:
-        """Keys/values of the text before ``<timestep>`` (``[B, L]``, equal lengths): once per request."""
+    def encode_prefix(self, prefix_ids: torch.Tensor, past: PrefixCache | None = None) -> PrefixCache:
+        """Keys/values of the text before ``<timestep>`` (``[B, L]``, equal lengths): once per request.
+
+        With `past` (the keys/values of the tokens before `prefix_ids`, e.g. the ``ar`` stage's), only
+        `prefix_ids` run, after them; the cache returned covers both.
+        """
+        start = 0 if past is None else past.length
         seq = prefix_ids.shape[1]
-        positions = text_positions(0, seq, prefix_ids.device)[None]
-        _, caches = self._run(self.model.wte(prefix_ids), positions, self._causal_mask(seq, 0, prefix_ids.device), None)
-        return PrefixCache(caches, (seq,) * prefix_ids.shape[0])
+        if seq == 0 and past is not None:
+            return past
+        positions = text_positions(start, seq, prefix_ids.device)[None]
+        mask = self._causal_mask(seq, start, prefix_ids.device)
+        _, caches = self._run(self.model.wte(prefix_ids), positions, mask, past)
+        return PrefixCache(caches, (start + seq,) * prefix_ids.shape[0])
 
     def velocity(
         self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor, cache_rows: list[Any] | None = None,

@@ -8,6 +8,13 @@ so the weights load by name, without a remap, and vLLM owns scheduling and the c
 Text positions are 1-D (y = x = position): the 2-D RoPE of image tokens (I2T prompts) needs mrope
 positions, not wired yet. Single-device only (no tensor parallelism).
 
+For think/recaption-then-draw the ``dit`` stage reuses this stage's keys/values of the prompt and
+reasoning instead of computing them again: a request whose sampling parameters carry `KV_EXPORT_ARG`
+gets each token's rotated, normalised keys and values of every layer (`kv_rows`) as it computes them,
+through the core's side channel for per-token rows (`HiddenStateCapture.omni_emit_rows`), so they
+reach the ``dit`` stage as chunk data. (vLLM's own paged cache cannot be read back for this: on CPU it
+keeps keys in an instruction-set-specific packed layout.) Other requests export nothing.
+
 vLLM reads its config through transformers, which does not know ``hunyuan_image_3_moe`` (the release
 sets ``auto_map`` to Tencent's remote code, which we never run): the stage points vLLM's
 ``hf_config_path`` at a derived config of a type transformers knows (`vllm_config_dir`).
@@ -29,7 +36,8 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-from omni_hunyuan.ar import ARCHITECTURE
+from omni_core.stages.vllm_bridge import HiddenStateCapture
+from omni_hunyuan.ar import ARCHITECTURE, KV_EXPORT_ARG
 from omni_hunyuan.config import HunyuanConfig
 from omni_hunyuan.layers import MoE, RMSNorm
 from omni_hunyuan.rope import apply_rope, rope_tables
@@ -78,7 +86,7 @@ class _Attention(nn.Module):
             cache_config=cache_config, prefix=f"{prefix}.attn",
         )
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
         c = self.config
         tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(tokens, c.num_kv_heads, c.heads_per_kv + 2, c.head_dim)
@@ -88,8 +96,10 @@ class _Attention(nn.Module):
         cos, sin = rope_tables(torch.stack([positions, positions], dim=-1)[None], c.head_dim, c.rope_theta)
         # apply_rope takes [batch, heads, seq, dim]: here batch 1, tokens as the sequence.
         q = self.query_layernorm(apply_rope(q.transpose(0, 1)[None], cos, sin))[0].transpose(0, 1)
-        k = self.key_layernorm(apply_rope(k.transpose(0, 1)[None], cos, sin))[0].transpose(0, 1)
-        out = self.attn(q.to(v.dtype).reshape(tokens, -1), k.to(v.dtype).reshape(tokens, -1), v.reshape(tokens, -1))
+        k = self.key_layernorm(apply_rope(k.transpose(0, 1)[None], cos, sin))[0].transpose(0, 1).to(v.dtype)
+        if keep is not None:
+            keep.append(torch.stack([k, v], dim=1))  # [tokens, 2, kv_heads, head_dim]
+        out = self.attn(q.to(v.dtype).reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1))
         return self.o_proj(out)
 
 
@@ -101,8 +111,8 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MoE(config)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x))
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), keep)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -114,8 +124,14 @@ class _Backbone(nn.Module):
         self.ln_f = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class HunyuanImage3ForVLLM(nn.Module):
-    """vLLM model class of the text path; weights under the release's names (image parts skipped)."""
+def kv_rows(per_layer: list[torch.Tensor]) -> torch.Tensor:
+    """Per-token rows ``[tokens, layers * 2 * kv_heads * head_dim]`` of the layers' ``[tokens, 2, kv_heads,
+    head_dim]`` keys and values: what `omni_hunyuan.transformer.PrefixCache.from_rows` reads."""
+    return torch.stack(per_layer, dim=1).flatten(1)
+
+
+class _TextModel(nn.Module):
+    """The text path's modules and weights; `HunyuanImage3ForVLLM` adds the forward."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -127,14 +143,6 @@ class HunyuanImage3ForVLLM(nn.Module):
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.wte(input_ids)
-
-    def forward(
-        self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        hidden = inputs_embeds if inputs_embeds is not None else self.model.wte(input_ids)
-        for layer in self.model.layers:
-            hidden = layer(positions, hidden)
-        return self.model.ln_f(hidden)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -158,3 +166,25 @@ class HunyuanImage3ForVLLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint lacks {sorted(missing)[:8]}")
         return loaded
+
+
+class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel):
+    """vLLM model class of the text path; weights under the release's names (image parts skipped).
+
+    Mixes in the core's `HiddenStateCapture` for its side channel only: the rows it sends are the
+    keys/values of the requests that asked for them (`KV_EXPORT_ARG`), not hidden states.
+    """
+
+    def forward(
+        self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        exporting = [rows for rows in self.omni_batch_layout() if self.omni_extra_args(rows.request_id).get(KV_EXPORT_ARG)]
+        keep: list[torch.Tensor] | None = [] if exporting else None
+        hidden = inputs_embeds if inputs_embeds is not None else self.model.wte(input_ids)
+        for layer in self.model.layers:
+            hidden = layer(positions, hidden, keep)
+        if keep:
+            rows = kv_rows(keep)
+            for request_id, start, end, position in exporting:
+                self.omni_emit_rows(request_id, position, rows[start:end].to("cpu", copy=True))
+        return self.model.ln_f(hidden)

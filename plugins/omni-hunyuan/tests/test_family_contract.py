@@ -140,3 +140,56 @@ class TestHunyuanImage3Family(FamilyContract):
         image = decode_latents(vae, latents, config.vae)[0].numpy()
         assert np.asarray(result.images[0]).shape == image.shape == (height, width, 3)
         assert np.abs(np.asarray(result.images[0], dtype=int) - image.astype(int)).max() <= 1
+
+    def test_the_dit_starts_from_the_ar_stage_keys_and_values(self, omni: Any, model: Any) -> None:
+        """Think-then-draw: the keys/values the ar stage (vLLM) exports equal our transformer's for the
+        same tokens; the dit stage, given them, computes only the rest of the cond row, to latents within
+        1e-5 of recomputing it all (fp32); through the engine, reuse on and off give the same 8-bit image,
+        and the user's answer does not carry them."""
+        from omni_hunyuan.transformer import PrefixCache
+
+        dit = omni._omni.engine.groups["dit"].replicas[0].worker.runtime.model  # the inline dit stage's model part
+        received: list[dict[str, Any]] = []
+        prepare = dit.prepare
+
+        def spy(request_id: str, data: dict[str, Any], params: dict[str, Any]) -> Any:
+            received.append(dict(data))
+            return prepare(request_id, data, params)
+
+        dit.prepare = spy  # our own model part's method, for this test only
+        try:
+            results = [
+                omni.generate(
+                    OmniRequest(
+                        prompt="A lighthouse at night", modalities=("text", "image"), extra={"seed": 5},
+                        params={"ar": {"max_tokens": 6}, "dit": {"num_inference_steps": 2, **extra}},
+                    )
+                )[0]
+                for extra in ({}, {"reuse_prefix_kv": False})
+            ]
+        finally:
+            del dit.prepare
+        np.testing.assert_array_equal(np.asarray(results[0].images[0]), np.asarray(results[1].images[0]))
+        assert results[0].token_ids == results[1].token_ids and "prefix_kv" not in results[0].extra.get("ar", {})
+        reused, recomputed = received
+        assert "prefix_kv" not in recomputed  # off: the ar stage was not asked for them
+        computed = [*reused["prompt_token_ids"], *reused["token_ids"]]
+        rows = reused["prefix_kv"]
+        assert rows.shape[0] == len(computed) - 1  # every token but the ratio token it sampled last
+
+        expected = model.encode_prefix(torch.tensor([computed[:-1]]))
+        exported = PrefixCache.from_rows(rows, model.config)
+        for (keys, values), (want_keys, want_values) in zip(exported.layers, expected.layers, strict=True):
+            torch.testing.assert_close(keys, want_keys, atol=1e-5, rtol=0)
+            torch.testing.assert_close(values, want_values, atol=1e-5, rtol=0)
+
+        def latents(data: dict[str, Any], reuse: bool) -> torch.Tensor:
+            [sample] = dit.prepare("probe", data, {"num_inference_steps": 2, "seed": 5, "reuse_prefix_kv": reuse})
+            assert (sample.state.ar_kv is not None) == reuse
+            dit.start([sample])
+            while sample.step < sample.total_steps:
+                dit.denoise([sample])
+                sample.step += 1
+            return sample.state.latents
+
+        torch.testing.assert_close(latents(reused, True), latents(reused, False), atol=1e-5, rtol=0)

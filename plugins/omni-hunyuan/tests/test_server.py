@@ -114,3 +114,14 @@ def test_an_unknown_dit_parameter_is_a_400_before_any_stream(server: LiveServer,
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "stage_params.dit.num_inference_step"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bad_reuse_prefix_kv_is_a_400_before_any_stream(server: LiveServer, stream: bool) -> None:
+    body = {
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "image"], "stream": stream,
+        "stage_params": {"ar": {"max_tokens": 2}, "dit": {"num_inference_steps": 2, "reuse_prefix_kv": "yes"}},
+    }
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "reuse_prefix_kv must be true or false" in response.json()["error"]["message"]
