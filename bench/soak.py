@@ -301,6 +301,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default: 64 for qwen3-omni, 8 for cosmos3)")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the first RSS sample")
     parser.add_argument("--no-kill", dest="kill", action="store_false", help="skip the SIGKILL timings")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a deploy override for omni serve (e.g. code2wav.keep_freed_memory=false); repeatable")
     parser.add_argument("--out", type=Path, default=None, help="the markdown file (default: bench/results/soak-<date>[-short].md)")
     args = parser.parse_args()
 
@@ -312,7 +314,7 @@ def main() -> None:
         minutes = args.minutes if args.minutes is not None else family.minutes
         short = short or minutes < family.minutes
         print(f"starting omni serve {family.model} ...", flush=True)
-        server = LiveServer.start(family.model, timeout=600)
+        server = LiveServer.start(family.model, args=[arg for item in args.overrides for arg in ("--set", item)], timeout=600)
         try:
             outcome = asyncio.run(soak(family, server, minutes, args.warmup, args.kill))
         finally:
