@@ -233,6 +233,10 @@ class GenerationStageRuntime(StageRuntime):
             return self.options.first_chunk_size
         return self.chunk_size
 
+    def health_stats(self) -> dict[str, Any]:
+        model = self.model
+        return {"requests": len(self._requests), "model_held_requests": model.held_requests() if model is not None else 0}
+
     def has_unfinished(self) -> bool:
         return any(self._ready(request) for request in self._requests.values())
 

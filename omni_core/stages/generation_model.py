@@ -166,5 +166,10 @@ class GenerationModel(Part, abc.ABC):
         """The request ended early (aborted or failed): drop any per-request state the model keeps
         between chunks (a request that ends normally has its last item marked `final`)."""
 
+    def held_requests(self) -> int:
+        """How many requests' state the model keeps between chunks now (shown on ``/health``: it
+        must fall back to the stage's active requests, else state leaks)."""
+        return 0
+
     def close(self) -> None:
         """Release weights and device memory."""

@@ -177,3 +177,6 @@ class Code2WavModel(GenerationModel):
 
     def forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+
+    def held_requests(self) -> int:
+        return len(self._streams)

@@ -159,11 +159,13 @@ def test_stream_state_lives_as_long_as_the_request(tiny_dir: Path, model: Any) -
         stage_runtime.add_request(rid, StageInput(data={"codes": rng.integers(0, size, size=(30, 4))}, final=False))
     stage_runtime.step()
     assert set(streams) == {"done", "aborted"}  # one chunk each, more to come
+    assert stage_runtime.health_stats() == {"requests": 2, "model_held_requests": 2}  # what /health shows
     stage_runtime.abort_request("aborted")
     stage_runtime.extend_request("done", StageInput(data={"codes": rng.integers(0, size, size=(5, 4))}, final=True))
     while stage_runtime.has_unfinished():
         stage_runtime.step()
     assert streams == {}
+    assert stage_runtime.health_stats() == {"requests": 0, "model_held_requests": 0}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
