@@ -17,6 +17,8 @@ from typing import Any
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec
 from omni_core.errors import ConfigError
+from omni_core.outputs import Chunk
+from omni_core.parts import OutputAdapter
 
 FAMILY = "qwen3-omni"
 THINKER_ONLY_ARCHITECTURE = "Qwen3OmniMoeThinkerForConditionalGeneration"
@@ -46,6 +48,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
         output="text",
         final=thinker_only,
         params={"max_tokens": THINKER_MAX_TOKENS, "stop_token_ids": [_im_end_id(model_path, hf_config)]},
+        output_adapter="omni_qwen3.pipeline:ThinkerOutput",
     )
     if thinker_only:
         return PipelineConfig(
@@ -101,3 +104,12 @@ def _im_end_id(model_path: str, hf_config: dict[str, Any]) -> int:
         if token.get("content") == "<|im_end|>":
             return int(token["id"])
     raise ConfigError(f"{tokenizer_file} has no <|im_end|> token and config.json no im_end_token_id", key="im_end_token_id")
+
+
+class ThinkerOutput(OutputAdapter):
+    """The thinker's chunks as the user gets them: without the hidden-state rows meant for the talker."""
+
+    def to_output(self, chunk: Chunk) -> dict[str, Any]:
+        from omni_qwen3.thinker import EMBEDS_KEY, HIDDEN_KEY
+
+        return {key: value for key, value in chunk.data.items() if key not in (EMBEDS_KEY, HIDDEN_KEY)}

@@ -228,6 +228,8 @@ def test_uncapped_requests_end_with_the_codec_eos(omni: Omni) -> None:
         assert SPEECH_FRAMES - 6 <= frames <= SPEECH_FRAMES, what
         assert result.sample_rate == 24000
         assert 2.0 < result.audio.shape[-1] / result.sample_rate < 6.0, what
+        # The thinker's hidden-state rows go to the talker only, never with the user's text.
+        assert not {"thinker_embeds", "thinker_hidden"} & set(result.extra.get("thinker", {})), what
 
 
 def test_the_codec_eos_comes_where_transformers_puts_it(omni: Omni, tiny_dir: Path, model: Any) -> None:
