@@ -469,9 +469,7 @@ class HiddenStateCapture:
 
     def omni_request_key(self, req_id: str) -> str | None:
         """The stable key of the request with vLLM's internal id `req_id` (None if untagged)."""
-        state = self._omni_request_state(req_id)
-        extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
-        key = extra.get(REQUEST_KEY_ARG)
+        key = self.omni_extra_args(req_id).get(REQUEST_KEY_ARG)
         return None if key is None else str(key)
 
     def omni_side(self, req_id: str) -> dict[str, Any]:
