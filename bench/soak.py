@@ -120,11 +120,12 @@ FAMILIES = {
 
 
 def process_names(server: LiveServer) -> dict[int, str]:
-    """pid -> a label: ``server``, ``stage <name>/<replica>``, or the helper's command."""
+    """pid -> a label: ``server``, ``stage <name>/<replica>`` (and its allocator), or the helper's command."""
     names = {server.process.pid: "server"}
     for replica in httpx.get(f"{server.url}/health", timeout=30).json()["replicas"]:
         if "pid" in replica:
-            names[replica["pid"]] = f"stage {replica['stage']}/{replica['replica']}"
+            allocator = f", {replica['allocator']}" if "allocator" in replica else ""
+            names[replica["pid"]] = f"stage {replica['stage']}/{replica['replica']}{allocator}"
     for proc in server.children():
         if proc.pid not in names:
             try:

@@ -18,16 +18,19 @@ fi
 # ("operator torchvision::nms does not exist"). Nothing here needs them on CPU.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 
-# Mooncake's extension modules (plugins/connectors-mooncake) link these Debian libraries even for
-# TCP; without them `import mooncake.store` fails. Installed only where apt-get exists and one is missing.
-MOONCAKE_DEBS=(libibverbs1 libnl-3-200 libnl-route-3-200)
+# Debian libraries, installed only where apt-get exists and one is missing:
+# - Mooncake's extension modules (plugins/connectors-mooncake) link libibverbs/libnl even for TCP;
+#   without them `import mooncake.store` fails;
+# - tcmalloc, which stage processes run on (`allocator: auto`, docs/stage-options.md): glibc's malloc
+#   fragments under a decoder's varied tensor sizes (resident memory creeps for tens of minutes).
+DEBS=(libibverbs1 libnl-3-200 libnl-route-3-200 libtcmalloc-minimal4)
 if command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then
   missing=()
-  for deb in "${MOONCAKE_DEBS[@]}"; do
+  for deb in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$deb" 2>/dev/null | grep -q "install ok installed" || missing+=("$deb")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} (apt-get; Mooncake needs them) ..." >&2
+    echo "installing ${missing[*]} (apt-get) ..." >&2
     SUDO=(); [ "$(id -u)" -eq 0 ] || SUDO=(sudo)
     "${SUDO[@]}" apt-get update -qq
     "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

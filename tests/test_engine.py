@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import attrs
 import pytest
@@ -204,6 +206,25 @@ async def test_a_killed_worker_is_reported_and_messages_sent_to_it_are_dropped()
         assert deltas[-1].data["prompt"] == "after"
 
 
+async def test_a_hung_worker_is_killed_its_requests_fail_and_it_serves_again(caplog):
+    """The watchdog (`watchdog_s`): a worker process that answers nothing (stopped here with
+    SIGSTOP) is killed within the timeout and a bit; its request fails saying so; it restarts."""
+    pipeline = passthrough_pipeline(stages=2, placement="process")
+    stages = (pipeline.stages[0], attrs.evolve(pipeline.stages[1], watchdog_s=1.0))
+    async with AsyncOmniEngine(attrs.evolve(pipeline, stages=stages)) as engine:
+        group = engine.groups["s1"]
+        assert (await asyncio.wait_for(collect(engine, OmniRequest(prompt="before")), 60))[-1].data["prompt"] == "before"
+        os.kill(group.replicas[0].process.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        with pytest.raises(StageError, match=r"replica 0 answered no ping for 1 s \(hung"):
+            await asyncio.wait_for(collect(engine, OmniRequest(prompt="stuck")), 30)
+        assert time.monotonic() - stopped < 1.0 + 0.5 + 1.5  # timeout + probe interval + slack
+        deltas = await asyncio.wait_for(collect(engine, OmniRequest(prompt="after")), 60)
+        assert deltas[-1].data["prompt"] == "after" and group.restarts == [1]
+        assert engine.groups["s0"].restarts == [0]  # a healthy stage is left alone
+    assert any("stage s1 replica 0 answered no ping for 1 s" in r.getMessage() for r in caplog.records)
+
+
 async def test_cpu_threads_nice_and_kernel_cache_set_each_worker_process():
     pipeline = passthrough_pipeline(stages=2, placement="process")
     stages = (attrs.evolve(pipeline.stages[0], cpu_threads=1, nice=5, kernel_cache=16), attrs.evolve(pipeline.stages[1], kernel_cache=None))
@@ -215,6 +236,19 @@ async def test_cpu_threads_nice_and_kernel_cache_set_each_worker_process():
     # unset: whatever the engine's environment and niceness were
     assert health["s1"]["cpu_threads"] == _env_threads() and health["s1"]["nice"] == base
     assert health["s1"]["kernel_cache"] == _env_int(KERNEL_CACHE_ENV)
+
+
+async def test_each_worker_process_runs_on_its_allocator():
+    """`allocator`: ``auto`` preloads tcmalloc (scripts/install.sh installs it), ``system`` keeps
+    the C library's; /health says which, and the process's own memory map agrees."""
+    pipeline = passthrough_pipeline(stages=2, placement="process")
+    stages = (attrs.evolve(pipeline.stages[0], allocator="auto"), attrs.evolve(pipeline.stages[1], allocator="system"))
+    async with AsyncOmniEngine(attrs.evolve(pipeline, stages=stages)) as engine:
+        health = {h["stage"]: h for h in await engine.health()}
+        maps = {stage: Path(f"/proc/{h['pid']}/maps").read_text() for stage, h in health.items()}
+    assert health["s0"]["allocator"] == "tcmalloc" and "/libtcmalloc" in maps["s0"]
+    assert health["s1"]["allocator"] == "system" and "/libtcmalloc" not in maps["s1"]
+    assert "/libtcmalloc" not in Path("/proc/self/maps").read_text()  # the engine's own process: untouched
 
 
 # Run in a fresh interpreter with oneDNN's verbose log of kernel creation: the stage's process set-up,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from typing import Iterator
 
@@ -125,6 +127,24 @@ async def test_a_dead_actor_fails_its_requests_in_time_and_is_restarted(engine):
     assert len(result.token_ids) == 10 and len(result.audio) > 0
     health = {entry["stage"]: entry for entry in await engine.health()}
     assert health["vocoder"]["restarts"] == 1 and health["vocoder"]["healthy"] and health["vocoder"]["placement"] == "ray"
+
+
+async def test_a_hung_actor_is_killed_by_the_watchdog_and_restarted(model_dir, host, cluster):
+    """`watchdog_s` on the ``ray`` placement: an actor that answers nothing (stopped with SIGSTOP)
+    is killed through Ray, its request fails saying why, and a new actor serves the next one."""
+    deploy = two_nodes(cluster)
+    deploy["stages"]["vocoder"]["watchdog_s"] = 2
+    async with AsyncOmniEngine(resolve(str(model_dir), deploy=deploy, plugins=host)) as engine:
+        await asyncio.wait_for(run(engine, request()), 120)
+        pid = {entry["stage"]: entry for entry in await engine.health()}["vocoder"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        with pytest.raises(StageError, match=r"vocoder.*replica 0 answered no ping for 2 s"):
+            await asyncio.wait_for(run(engine, request("stuck")), 30)
+        assert time.monotonic() - stopped < 2 + 1 + 5  # timeout + probe interval + Ray's kill
+        result = await asyncio.wait_for(run(engine, request()), 120)
+        assert len(result.token_ids) == 10 and len(result.audio) > 0
+        assert engine.groups["vocoder"].restarts == [1]
 
 
 async def test_a_checkpoint_missing_on_a_node_is_named(model_dir, host, cluster, tmp_path):

@@ -3,7 +3,7 @@
 Override syntax (values are YAML scalars or flow collections: ``true``, ``4``, ``[a, b]``):
 
 - ``STAGE.FIELD=value``: a `StageDeploy` field (placement, replicas, devices, load_balancer, cpu_threads, nice,
-  keep_freed_memory, kernel_cache);
+  allocator, watchdog_s, keep_freed_memory, kernel_cache);
 - ``STAGE.OPTION=value`` or ``STAGE.options.OPTION=value``: a runtime option of the stage's kind
   (dots below the option name reach into a nested option);
 - ``defaults.FIELD=value``: `DeployConfig.defaults`;

@@ -128,6 +128,8 @@ def resolve_pipeline(
                 load_balancer=stage_deploy.load_balancer,
                 cpu_threads=stage_deploy.cpu_threads,
                 nice=stage_deploy.nice,
+                allocator=stage_deploy.allocator,
+                watchdog_s=stage_deploy.watchdog_s,
                 keep_freed_memory=stage_deploy.keep_freed_memory,
                 kernel_cache=stage_deploy.kernel_cache,
                 quantization=_resolve_quantization(spec, options, plugins),

@@ -53,6 +53,8 @@ class ResolvedStage:
     load_balancer: str = "least_loaded"
     cpu_threads: int | None = None
     nice: int = 0
+    allocator: str = "auto"
+    watchdog_s: float | None = 300.0
     keep_freed_memory: bool = True
     kernel_cache: int | None = 128
     # What the registered resolver of the `quantization` option returned for this stage's kind

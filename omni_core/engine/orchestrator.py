@@ -293,7 +293,7 @@ class Orchestrator:
         elif message is None:
             group = self.groups[stage_name]
             for request_id in group.requests_on(replica):
-                self.fail(request_id, StageError(stage_name, f"replica {replica} crashed; see the log"))
+                self.fail(request_id, StageError(stage_name, group.crash_message(replica)))
 
     def _on_emit(self, stage_name: str, emit: m.Emit) -> None:
         state = self.requests.get(emit.request_id)

@@ -101,6 +101,12 @@ class Replica(abc.ABC):
     def alive(self) -> bool:
         """Whether the worker is running."""
 
+    def kill(self, reason: str) -> bool:
+        """End a worker that stopped answering (`StageGroup`'s watchdog) at once, so that its exit is
+        reported as a crash is (`None` through ``on_message``), logged with `reason`. Returns
+        ``False`` where the placement cannot (an inline worker is a thread)."""
+        return False
+
     @abc.abstractmethod
     async def stop(self, timeout: float = 30.0) -> None:
         """Ask the worker to shut down; end it by force when it does not within `timeout` seconds."""

@@ -255,6 +255,7 @@ class RayReplica(Replica):
         self._task: asyncio.Task[None] | None = None
         self._ended = False
         self._stopping = False
+        self._killed: str | None = None  # why `kill` ended the actor
 
     # -- placement-wide --------------------------------------------------------------------------
 
@@ -343,7 +344,7 @@ class RayReplica(Replica):
                 self._channel.drain()
                 self._channel.close()
         if not self._stopping:
-            logger.error("stage %s: %s", self._label, died or "worker ended")
+            logger.error("stage %s: %s", self._label, f"killed: it {self._killed}" if self._killed else died or "worker ended")
             if self._actor is None and died:  # it never started: that is why it failed to load
                 self.context.on_message(m.LoadFailed(died))
             self._kill()
@@ -380,6 +381,16 @@ class RayReplica(Replica):
             except Exception:  # already gone
                 logger.debug("ray.kill of %s", self._label, exc_info=True)
             self._actor = None
+
+    def kill(self, reason: str) -> bool:
+        if self._actor is None or self._ended:
+            return False
+        self._killed = reason
+        try:
+            _import_ray().kill(self._actor, no_restart=True)  # `_serve` sees it end, and reports it
+        except Exception:  # already gone: its end is reported anyway
+            logger.debug("ray.kill of %s", self._label, exc_info=True)
+        return True
 
     async def stop(self, timeout: float = 30.0) -> None:
         self._stopping = True

@@ -25,6 +25,7 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
 from omni_core.runtime import messages as m
+from omni_core.runtime.allocator import allocator_environment, environment
 from omni_core.runtime.channel import EngineChannel, WorkerChannel
 from omni_core.runtime.placement import Replica, ReplicaContext
 
@@ -218,6 +219,7 @@ class ProcessReplica(Replica):
         self._channel: EngineChannel | None = None
         self._exited: asyncio.Future[None] = context.loop.create_future()
         self._stopping = False
+        self._killed: str | None = None  # why `kill` ended the worker
 
     def start(self) -> None:
         worker_in, engine_out = self._ctx.Pipe(duplex=False)
@@ -229,17 +231,14 @@ class ProcessReplica(Replica):
             name=f"omni-{self.stage.name}-{self.index}",
             daemon=True,
         )
-        previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+        # Inherited by the spawned child only: its GPUs, its allocator.
+        env = allocator_environment(self.stage.allocator, self.stage.name)
         if env_devices:
-            os.environ["CUDA_VISIBLE_DEVICES"] = env_devices  # inherited by the spawned child only
+            env["CUDA_VISIBLE_DEVICES"] = env_devices
         try:
-            process.start()
+            with environment(env):
+                process.start()
         finally:
-            if env_devices:
-                if previous is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = previous
             worker_in.close()  # the child has its own copies now
             worker_out.close()
         self.process = process
@@ -254,8 +253,16 @@ class ProcessReplica(Replica):
         self.process.join()  # already exited: this only reaps it
         self._exited.set_result(None)
         if not self._stopping:
-            logger.error("stage %s replica %d: worker process %s", self.stage.name, self.index, exit_reason(self.process.exitcode))
+            why = f"killed: it {self._killed}" if self._killed else exit_reason(self.process.exitcode)
+            logger.error("stage %s replica %d: worker process %s", self.stage.name, self.index, why)
             self._on_message(None)
+
+    def kill(self, reason: str) -> bool:
+        if self.process is None or self._exited.done():
+            return False
+        self._killed = reason
+        self.process.kill()
+        return True
 
     def send(self, message: Any) -> None:
         """Queue `message` for the worker (dropped if it has died: its exit is reported)."""

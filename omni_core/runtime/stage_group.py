@@ -26,6 +26,8 @@ Dispatch = Callable[[str, int, Any], None]
 # `restart_window_s` stop the restarts; older crashes are forgotten.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 600.0
+# How often the watchdog (`ResolvedStage.watchdog_s`) pings each ready replica, at most.
+WATCH_INTERVAL_S = 5.0
 
 
 class StageGroup:
@@ -61,8 +63,10 @@ class StageGroup:
         self.load: list[int] = [0] * stage.replicas
         self.assignment: dict[str, int] = {}
         self._round_robin = itertools.cycle(range(stage.replicas))
-        self._pings: dict[int, asyncio.Future[m.Pong]] = {}
+        self._pings: dict[int, tuple[int, asyncio.Future[m.Pong]]] = {}  # token -> (replica, its answer)
         self._ping_tokens = itertools.count()
+        self._killed: dict[int, str] = {}  # replica -> why the watchdog ended it (until it is replaced)
+        self._watchdog: asyncio.Task[None] | None = None
 
     def _make_replica(self, index: int) -> Replica:
         if self.stage.placement_ref is None:
@@ -86,11 +90,16 @@ class StageGroup:
     def start(self) -> None:
         for replica in self.replicas:
             replica.start()
+        if self.stage.watchdog_s is not None:
+            self._watchdog = self._loop.create_task(self._watch(self.stage.watchdog_s), name=f"omni-watchdog-{self.name}")
 
     async def wait_ready(self) -> None:
         await asyncio.gather(*self.ready)
 
     async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
         await asyncio.gather(*(replica.stop() for replica in self.replicas))
         for future in self.ready:
             if not future.done():
@@ -100,6 +109,7 @@ class StageGroup:
     def _on_message(self, index: int, message: Any) -> None:
         if isinstance(message, m.Ready):
             self.load_errors.pop(index, None)  # (a restarted replica's earlier failure is over)
+            self._killed.pop(index, None)
             if not self.ready[index].done():
                 self.ready[index].set_result(None)
             logger.info("stage %s replica %d ready (pid %d)", self.name, index, message.pid)
@@ -108,7 +118,7 @@ class StageGroup:
         elif isinstance(message, m.LoadFailed):
             self.load_errors[index] = message.message
         elif isinstance(message, m.Pong):
-            future = self._pings.pop(message.token, None)
+            _, future = self._pings.pop(message.token, (index, None))
             if future is not None and not future.done():
                 future.set_result(message)
         if message is None:
@@ -116,8 +126,8 @@ class StageGroup:
         self._dispatch(self.name, index, message)
 
     def _on_crash(self, index: int) -> None:
-        for future in self._pings.values():
-            if not future.done():
+        for replica, future in self._pings.values():
+            if replica == index and not future.done():
                 future.set_exception(StageError(self.name, "worker died"))
         if not self.ready[index].done():
             self.dead[index] = True
@@ -198,19 +208,60 @@ class StageGroup:
                 entry |= {"healthy": False, "ready": False, "state": "restarting" if self.restarts[index] else "loading"}
                 report.append(entry)
                 continue
-            token = next(self._ping_tokens)
-            future: asyncio.Future[m.Pong] = self._loop.create_future()
-            self._pings[token] = future
-            replica.send(m.Ping(token))
             try:
-                pong = await asyncio.wait_for(future, timeout)
+                pong = await self._ping(index, timeout)
                 entry |= {"healthy": True, "ready": True, "state": "ready", "active_requests": pong.active_requests, **pong.stats}
             except (asyncio.TimeoutError, StageError):
                 entry |= {"healthy": False, "ready": True, "state": "unresponsive", "error": f"stage {self.name!r} replica {index} did not answer a ping within {timeout:g} s"}
-            finally:
-                self._pings.pop(token, None)
             report.append(entry)
         return report
+
+    def crash_message(self, index: int) -> str:
+        """What a request that was on replica `index` when it ended is told."""
+        killed = self._killed.get(index)
+        return f"replica {index} {killed}, and was killed (restarted unless it crash-loops)" if killed else f"replica {index} crashed; see the log"
+
+    async def _ping(self, index: int, timeout: float) -> m.Pong:
+        """Replica `index`'s answer to a ping (`asyncio.TimeoutError` after `timeout` s; `StageError`
+        if it dies first)."""
+        token = next(self._ping_tokens)
+        future: asyncio.Future[m.Pong] = self._loop.create_future()
+        self._pings[token] = (index, future)
+        self.replicas[index].send(m.Ping(token))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._pings.pop(token, None)
+
+    async def _watch(self, timeout: float) -> None:
+        """The watchdog: ping every ready replica; kill one that answers none within `timeout` s (its
+        requests then fail, and it restarts, as on a crash)."""
+        reported: set[int] = set()  # ids of the replicas reported hung that could not be killed
+        while True:
+            await asyncio.sleep(min(WATCH_INTERVAL_S, timeout / 2))
+            await asyncio.gather(*(self._probe(index, timeout, reported) for index in range(len(self.replicas))))
+
+    async def _probe(self, index: int, timeout: float, reported: set[int]) -> None:
+        replica = self.replicas[index]
+        ready = self.ready[index].done() and not self.ready[index].exception()
+        if self.dead[index] or not ready or not replica.alive() or index in self._killed:
+            return
+        try:
+            await self._ping(index, timeout)
+            return
+        except StageError:
+            return  # it died meanwhile: reported as a crash
+        except asyncio.TimeoutError:
+            pass
+        if replica is not self.replicas[index] or not replica.alive():
+            return
+        reason = f"answered no ping for {timeout:g} s (hung: see `watchdog_s`)"
+        if replica.kill(reason):
+            self._killed[index] = reason
+            logger.error("stage %s replica %d %s: killing it", self.name, index, reason)
+        elif id(replica) not in reported:
+            reported.add(id(replica))
+            logger.error("stage %s replica %d %s; its %s placement cannot be killed", self.name, index, reason, replica.placement)
 
 
 def _duration(seconds: float) -> str:

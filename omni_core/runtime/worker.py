@@ -23,6 +23,7 @@ from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, OutputAdapter, PartContext, PassThroughAdapter, build_part
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
+from omni_core.runtime.allocator import running_allocator
 from omni_core.runtime.replica import KERNEL_CACHE_ENV
 from omni_core.stages.base import StageRuntime
 
@@ -96,6 +97,7 @@ class StageWorker:
             else None
         )
         self.requests: dict[str, _RequestState] = {}
+        self.allocator = running_allocator()  # (in an inline worker: the engine's process's)
         self.runtime: StageRuntime | None = None
 
     def _edge_adapter(self, edge: ResolvedEdge) -> EdgeAdapter:
@@ -171,7 +173,7 @@ class StageWorker:
             # cpu_threads: the OpenMP thread count the process was started with (None: the default).
             stats = {
                 "pid": os.getpid(), "cpu_threads": _env_int("OMP_NUM_THREADS"), "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                "kernel_cache": _env_int(KERNEL_CACHE_ENV),
+                "kernel_cache": _env_int(KERNEL_CACHE_ENV), "allocator": self.allocator,
             }
             if self.runtime is not None:
                 stats |= self.runtime.health_stats()
