@@ -25,7 +25,7 @@ from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
 from omni_core.runtime import messages as m
-from omni_core.runtime.allocator import allocator_environment, environment
+from omni_core.runtime.allocator import allocator_environment, environment, preloaded
 from omni_core.runtime.channel import EngineChannel, WorkerChannel
 from omni_core.runtime.placement import Replica, ReplicaContext
 
@@ -136,7 +136,7 @@ def prepare_worker_process(stage: ResolvedStage) -> ResolvedStage:
         os.environ.setdefault(KERNEL_CACHE_ENV, str(stage.kernel_cache))
     if stage.nice:
         os.nice(stage.nice)
-    if stage.keep_freed_memory:
+    if stage.keep_freed_memory and preloaded() is None:  # (glibc's settings: nothing to set on tcmalloc/jemalloc)
         keep_freed_memory()
     if any(d.startswith("cuda:") for d in stage.devices):
         # This process sees only its stage's GPUs (CUDA_VISIBLE_DEVICES, set at spawn), from 0.

@@ -161,6 +161,10 @@ class StageGroup:
         self.replicas[index] = self._make_replica(index)
         self.replicas[index].start()
 
+    def _is_ready(self, index: int) -> bool:
+        """Replica `index` has loaded (and its current incarnation did not fail to)."""
+        return self.ready[index].done() and not self.ready[index].exception()
+
     # -- requests --------------------------------------------------------------------------------
 
     def assign(self, request_id: str) -> int:
@@ -170,7 +174,7 @@ class StageGroup:
             alive = [i for i in range(len(self.replicas)) if not self.dead[i]]
             if not alive:
                 raise StageError(self.name, "every replica has failed and none is being restarted")
-            ready = [i for i in alive if self.ready[i].done() and not self.ready[i].exception()]
+            ready = [i for i in alive if self._is_ready(i)]
             candidates = ready or alive
             if self.stage.load_balancer == "round_robin":
                 index = next(i for i in self._round_robin if i in candidates)
@@ -204,7 +208,7 @@ class StageGroup:
                 entry |= {"healthy": False, "ready": False, "state": "failed", "error": f"stage {self.name!r} replica {index} {self.failures.get(index, 'failed')}"}
                 report.append(entry)
                 continue
-            if not (self.ready[index].done() and not self.ready[index].exception() and replica.alive()):
+            if not (self._is_ready(index) and replica.alive()):
                 entry |= {"healthy": False, "ready": False, "state": "restarting" if self.restarts[index] else "loading"}
                 report.append(entry)
                 continue
@@ -243,8 +247,7 @@ class StageGroup:
 
     async def _probe(self, index: int, timeout: float, reported: set[int]) -> None:
         replica = self.replicas[index]
-        ready = self.ready[index].done() and not self.ready[index].exception()
-        if self.dead[index] or not ready or not replica.alive() or index in self._killed:
+        if self.dead[index] or not self._is_ready(index) or not replica.alive() or index in self._killed:
             return
         try:
             await self._ping(index, timeout)
