@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import torch
 
+from omni_core.engine.params import int_param
 from omni_core.errors import InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
@@ -37,24 +38,34 @@ from omni_hunyuan.tokens import SpecialTokens
 from omni_hunyuan.transformer import PrefixCache
 
 
+MAX_N = 8  # images per request (the server's bound on ``n`` too)
+
+
+@attrs.define(eq=False)
+class _Prefix:
+    """A request's text rows and their KV cache, shared by its `n` samples (encoded once)."""
+
+    ids: torch.Tensor  # [rows, L]: [cond, uncond] under CFG
+    ar_kv: torch.Tensor | None = None  # the ar stage's rows of the cond row's first tokens (`start` uses them)
+    cache: PrefixCache | None = None
+
+
 @attrs.define(eq=False)
 class _State:
-    prefix_ids: torch.Tensor  # [rows, L]: [cond, uncond] under CFG
+    prefix: _Prefix | None  # None once decoded (the last sample to let go frees the cache)
     latents: torch.Tensor  # fp32 [1, C, h, w]
     sigmas: torch.Tensor
     guidance_scale: float
-    cache: PrefixCache | None = None
-    ar_kv: torch.Tensor | None = None  # the ar stage's rows of the cond row's first tokens (`start` uses them)
 
 
 class HunyuanDiT(DiffusionModel):
     """Text -> image with HunyuanImage-3.0's own transformer; stage params ``seed``, ``size``
-    ([width, height]), ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config),
-    ``reuse_prefix_kv`` (after think/recaption: start from the ``ar`` stage's keys/values; default
+    ([width, height]), ``n`` (images, seeds ``seed``, ``seed + 1``, ...; one text-prefix encoding),
+    ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config), ``reuse_prefix_kv`` (after think/recaption: start from the ``ar`` stage's keys/values; default
     true) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
 
-    max_steps = 200
-    request_params = frozenset({"seed", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv"})
+    max_steps = 1000  # (flow-matching Euler steps: no scheduler limit; bounds a request's cost)
+    request_params = frozenset({"seed", "n", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv"})
 
     def load(self, spec: LoadSpec) -> None:
         from transformers import AutoTokenizer
@@ -87,7 +98,12 @@ class HunyuanDiT(DiffusionModel):
             raise InvalidRequestError(f"num_inference_steps must be in 1..{self.max_steps}, got {steps}", param="num_inference_steps")
         guidance = float(self._param(data, params, "guidance_scale", self.defaults.get("diff_guidance_scale", 5.0)))
         seed = self._param(data, params, "seed", None)
-        seed = random.randrange(2**31) if seed is None else int(seed)
+        seed = random.randrange(2**31) if seed is None else int_param(seed, "seed")
+        if not 0 <= seed < 2**63 - MAX_N:
+            raise InvalidRequestError(f"seed must be a non-negative 63-bit integer, got {seed}", param="seed")
+        n = int_param(self._param(data, params, "n", 1), "n")
+        if not 1 <= n <= MAX_N:
+            raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
         size = self._param(data, params, "size", None)
         ratio = picked if size is None and picked is not None else self._ratio(size, text_ids)
         width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
@@ -96,14 +112,15 @@ class HunyuanDiT(DiffusionModel):
         reuse = self._param(data, params, "reuse_prefix_kv", True)
         if not isinstance(reuse, bool):
             raise InvalidRequestError(f"reuse_prefix_kv must be true or false, got {reuse!r}", param="reuse_prefix_kv")
-        state = _State(
-            prefix_ids=rows.prefix.to(self.device),
-            latents=initial_noise(seed, self.config.latent_channels, side_h, side_w, self.device),
-            sigmas=flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device),
-            guidance_scale=guidance,
-            ar_kv=self._reused_rows(data, rows.prefix[0].tolist()) if reuse else None,
-        )
-        return [DiffusionSample(request_id, 0, steps, (side_h, side_w), state)]
+        prefix = _Prefix(rows.prefix.to(self.device), self._reused_rows(data, rows.prefix[0].tolist()) if reuse else None)
+        sigmas = flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device)
+        return [
+            DiffusionSample(
+                request_id, index, steps, (side_h, side_w),
+                _State(prefix, initial_noise(seed + index, self.config.latent_channels, side_h, side_w, self.device), sigmas, guidance),
+            )
+            for index in range(n)
+        ]
 
     def _reused_rows(self, data: dict[str, Any], cond: list[int]) -> torch.Tensor | None:
         """The ``ar`` stage's key/value rows that the cond row can start from: those of the longest
@@ -152,26 +169,29 @@ class HunyuanDiT(DiffusionModel):
     def start(self, samples: list[DiffusionSample]) -> None:
         dtype = self.transformer.model.wte.weight.dtype
         for sample in samples:
-            state: _State = sample.state
-            if state.ar_kv is None:
-                state.cache = self.transformer.encode_prefix(state.prefix_ids)
+            prefix = sample.state.prefix
+            if prefix.cache is not None:  # a sibling sample (same request) encoded it
                 continue
-            reused = PrefixCache.from_rows(state.ar_kv, self.config, device=self.device, dtype=dtype)
-            rows = [self.transformer.encode_prefix(state.prefix_ids[:1, reused.length :], reused)]
-            if state.prefix_ids.shape[0] > 1:  # the uncond row (<cfg> tokens): never computed by ar
-                rows.append(self.transformer.encode_prefix(state.prefix_ids[1:]))
-            state.cache, state.ar_kv = PrefixCache.concat(rows), None
+            if prefix.ar_kv is None:
+                prefix.cache = self.transformer.encode_prefix(prefix.ids)
+                continue
+            reused = PrefixCache.from_rows(prefix.ar_kv, self.config, device=self.device, dtype=dtype)
+            rows = [self.transformer.encode_prefix(prefix.ids[:1, reused.length :], reused)]
+            if prefix.ids.shape[0] > 1:  # the uncond row (<cfg> tokens): never computed by ar
+                rows.append(self.transformer.encode_prefix(prefix.ids[1:]))
+            prefix.cache, prefix.ar_kv = PrefixCache.concat(rows), None
 
     @torch.no_grad()
     def denoise(self, samples: list[DiffusionSample]) -> None:
         states: list[_State] = [s.state for s in samples]
         dtype = self.transformer.model.wte.weight.dtype
-        rows = [state.prefix_ids.shape[0] for state in states]
+        prefixes = [state.prefix for state in states]
+        rows = [prefix.ids.shape[0] for prefix in prefixes]
         latents = torch.cat([state.latents.expand(n, -1, -1, -1) for state, n in zip(states, rows)]).to(dtype)
         timesteps = torch.cat(
             [(state.sigmas[sample.step] * 1000).repeat(n) for sample, state, n in zip(samples, states, rows)]
         )
-        caches = [state.cache for state in states]
+        caches = [prefix.cache for prefix in prefixes]
         assert all(cache is not None for cache in caches)
         # Row r of a sample is its CFG branch r (cond, uncond): first-block caching decides per row.
         cache_rows = [(sample.cache, branch) for sample, n in zip(samples, rows) for branch in range(n)]
@@ -191,5 +211,5 @@ class HunyuanDiT(DiffusionModel):
 
         images = decode_latents(self.vae, torch.cat([s.state.latents for s in samples]), self.config.vae).cpu().numpy()
         for sample in samples:
-            sample.state.cache = None  # the prefix KV is the request's largest state: drop it now
+            sample.state.prefix = None  # the prefix KV is the request's largest state: let it go now
         return [{"image": image} for image in images]

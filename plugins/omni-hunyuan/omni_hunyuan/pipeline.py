@@ -3,8 +3,8 @@
 - ``ar`` (kind ``ar``, `omni_hunyuan.ar.HunyuanAR`): text on vLLM, an out-of-tree vLLM model class of
   our own.
 - ``dit`` (kind ``diffusion``, `omni_hunyuan.dit.HunyuanDiT`): the image; stage parameters ``seed``,
-  ``size`` ([width, height], one of the checkpoint's resolution table; unset: the model picks),
-  ``num_inference_steps``, ``guidance_scale``, defaults from the checkpoint's generation_config.
+  ``size`` ([width, height], one of the checkpoint's resolution table; unset: the model picks), ``n``
+  (images of one prompt, seeds ``seed``, ``seed + 1``, ...), ``num_inference_steps``, ``guidance_scale``, defaults from the checkpoint's generation_config.
 
 Tasks (the core's paths per request; `modalities` pick one, a ``task`` field or stage parameter
 names one):
@@ -38,7 +38,7 @@ from omni_core.parts import EdgeAdapter, InputProcessor, OutputAdapter
 STAGE = "dit"
 AR_STAGE = "ar"
 DEFAULT_DEPLOY = "omni_hunyuan:deploy/default.yaml"
-EXTRA_FIELDS = ("size", "seed")
+EXTRA_FIELDS = ("size", "seed", "n")
 REASONING = {"think_t2i": "think", "recaption_t2i": "recaption"}  # task -> the ar stage's bot_task
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
 
@@ -85,7 +85,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
 
 
 class HunyuanInputProcessor(InputProcessor):
-    """Request -> the input of its task's entry stages: the prompt; ``size`` and ``seed`` for ``dit``;
+    """Request -> the input of its task's entry stages: the prompt; ``size``, ``seed`` and ``n`` for ``dit``;
     for think/recaption-then-draw the ``ar`` stage's template, stop token and budget."""
 
     def load(self) -> None:

@@ -89,6 +89,25 @@ def test_requests_at_different_steps_with_different_prompt_lengths_share_forward
     assert not np.array_equal(images["long"], images["short"])
 
 
+def test_n_images_of_one_prompt_are_those_of_seeds_seed_to_seed_plus_n(
+    runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
+) -> None:
+    """``n``: one request, `n` images (its text prefix encoded once), the i-th the sampler's at
+    ``seed + i``; a bad ``n`` or seed is refused before any work."""
+    prompt = "A red apple on a wooden table"
+    finals = _finals(runtime, {"three": (prompt, {"seed": 11, "n": 3, "num_inference_steps": 2, "size": (64, 64)})})
+    images = finals["three"]["image"]
+    assert isinstance(images, list) and len(images) == 3
+    for index, image in enumerate(images):
+        expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 11 + index, 2)
+        assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1, index
+    assert not np.array_equal(images[0], images[1])
+    for bad, match in (({"n": 0}, "n must be"), ({"n": 9}, "n must be"), ({"seed": -1}, "seed must be")):
+        with pytest.raises(Exception, match=match):
+            runtime.add_request("bad", StageInput(data={"prompt": prompt}, params={"num_inference_steps": 2, **bad}))
+    assert not runtime.has_unfinished()
+
+
 def test_first_block_caching_skips_steps_per_request_and_threshold_zero_changes_nothing(
     runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
 ) -> None:

@@ -185,7 +185,7 @@ class TestHunyuanImage3Family(FamilyContract):
 
         def latents(data: dict[str, Any], reuse: bool) -> torch.Tensor:
             [sample] = dit.prepare("probe", data, {"num_inference_steps": 2, "seed": 5, "reuse_prefix_kv": reuse})
-            assert (sample.state.ar_kv is not None) == reuse
+            assert (sample.state.prefix.ar_kv is not None) == reuse
             dit.start([sample])
             while sample.step < sample.total_steps:
                 dit.denoise([sample])
