@@ -56,10 +56,23 @@ class HunyuanAR(ARModel):
         # One derived config per checkpoint (and per release config content): never another's.
         key = hashlib.sha256(str(path.resolve()).encode() + (path / "config.json").read_bytes()).hexdigest()[:16]
         config = vllm_config_dir(path, cache_dir() / "hunyuan-image3" / key)
-        return {**super().engine_args(), "hf_config_path": str(config), "tokenizer": str(path)}
+        from omni_hunyuan.pipeline import MAX_IMAGES
+
+        # An image block attends both ways, which our model computes within one forward
+        # (`omni_hunyuan.vllm_model`): a prompt must never be split across steps, by chunked prefill
+        # or by a prefix-cache hit, as vLLM-Omni's AR stage runs too.
+        return {
+            **super().engine_args(), "hf_config_path": str(config), "tokenizer": str(path),
+            "enable_prefix_caching": False, "enable_chunked_prefill": False, "limit_mm_per_prompt": {"image": MAX_IMAGES},
+        }
 
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
         data = stage_input.data
+        if data.get("images"):
+            from omni_hunyuan.understanding import i2t_prompt_ids
+
+            ids = i2t_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], len(data["images"]), data.get("system"))
+            return {"prompt_token_ids": ids, "multi_modal_data": {"image": list(data["images"])}}
         if isinstance(data.get("prompt"), str) and data.get("bot_task") is not None:
             from omni_hunyuan.prompt import instruct_prompt_ids
 

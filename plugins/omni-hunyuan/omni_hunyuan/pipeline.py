@@ -40,11 +40,13 @@ AR_STAGE = "ar"
 DEFAULT_DEPLOY = "omni_hunyuan:deploy/default.yaml"
 EXTRA_FIELDS = ("size", "seed", "n")
 REASONING = {"think_t2i": "think", "recaption_t2i": "recaption"}  # task -> the ar stage's bot_task
+MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
 
 TASKS = (
     TaskSpec("t2i", (STAGE,), ("image",), "text -> image: the DiT alone"),
-    TaskSpec("t2t", (AR_STAGE,), ("text",), "text -> text on vLLM"),
+    TaskSpec("t2t", (AR_STAGE,), ("text",), "text -> text on vLLM (with images in the messages: i2t)"),
+    TaskSpec("i2t", (AR_STAGE,), ("text",), "image(s) and text -> text on vLLM"),
     TaskSpec("think_t2i", (AR_STAGE, STAGE), ("text", "image"), "think, then draw after the reasoning"),
     TaskSpec("recaption_t2i", (AR_STAGE, STAGE), ("text", "image"), "rewrite the prompt, then draw after it"),
 )
@@ -105,7 +107,10 @@ class HunyuanInputProcessor(InputProcessor):
         prompt = request.prompt
         if prompt is None and request.messages:
             prompt = last_user_text(request.messages)
-        if not isinstance(prompt, str) or not prompt.strip():
+        images = request_images(request)
+        if images and request.task in ("t2t", "i2t") and prompt is None:
+            prompt = ""  # an image alone is a prompt for i2t
+        elif not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
         reuse = request.params.get(STAGE, {}).get("reuse_prefix_kv", True)
         if not isinstance(reuse, bool):  # (checked here too: after think/recaption, dit would see it only later)
@@ -114,8 +119,13 @@ class HunyuanInputProcessor(InputProcessor):
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 dit[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
-        if request.task == "t2t":
-            return {AR_STAGE: StageInput(data={"prompt": prompt}, final=True)}
+        if request.task == "i2t" and not images:
+            raise InvalidRequestError("task 'i2t' needs an image (an image_url part in the user message)", param="messages")
+        if request.task in ("t2t", "i2t"):
+            data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system_text(request.messages)} if images else {"prompt": prompt}
+            return {AR_STAGE: StageInput(data=data, final=True)}
+        if images:
+            raise InvalidRequestError(f"task {request.task!r} takes no image (image-to-image is not supported)", param="messages")
         if request.task == "t2i":
             return {STAGE: StageInput(data={"prompt": prompt, **dit}, final=True)}
         bot_task = REASONING[request.task]
@@ -137,6 +147,51 @@ class HunyuanInputProcessor(InputProcessor):
             AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task}, final=True, params=ar_params),
             STAGE: StageInput(data={}, params=dit),  # its text comes from ar (ReasoningAdapter)
         }
+
+
+def request_images(request: Any) -> list[Any]:
+    """The images of the request's last user message (``image_url`` parts with base64 ``data:`` URLs
+    (the server has already read any URL the operator allows), or ``image`` parts holding a PIL image),
+    in order, at most `omni_hunyuan.vllm_model.MAX_IMAGES`."""
+    from omni_core.media_access import data_url_bytes
+    from omni_core.media_decode import open_image
+
+    message = next((m for m in reversed(request.messages or ()) if isinstance(m, dict) and m.get("role") == "user"), None)
+    content = message.get("content") if message else None
+    images: list[Any] = []
+    for index, part in enumerate(content if isinstance(content, list) else ()):
+        where = f"messages: image {len(images) + 1}"
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "image_url":
+            value = part.get("image_url")
+            url = value.get("url") if isinstance(value, dict) else value
+            if not isinstance(url, str):
+                raise InvalidRequestError(f"{where}: image_url needs a url", param="messages")
+            images.append(open_image(data_url_bytes(url, where)[1], where, "messages"))
+        elif part.get("type") == "image":
+            from PIL import Image
+
+            if not isinstance(part.get("image"), Image.Image):
+                raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
+            images.append(part["image"].convert("RGB"))
+        elif part.get("type") not in ("text", None):
+            raise InvalidRequestError(f"messages: content part {index} of type {part.get('type')!r}: HunyuanImage-3.0 reads text and images", param="messages")
+    if len(images) > MAX_IMAGES:
+        raise InvalidRequestError(f"messages: {len(images)} images; at most {MAX_IMAGES} per request", param="messages")
+    return images
+
+
+def system_text(messages: Any) -> str | None:
+    """The text of the first system message, or None."""
+    for message in messages or ():
+        if isinstance(message, dict) and message.get("role") == "system":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text") or None
+    return None
 
 
 class ReasoningAdapter(EdgeAdapter):

@@ -49,6 +49,7 @@ class SpecialTokens:
     boi: int
     eoi: int
     image: int
+    joint_img_sep: int
     cfg: int
     timestep: int
     size: int
@@ -86,6 +87,7 @@ class SpecialTokens:
             boi=lookup("<boi>"),
             eoi=lookup("<eoi>"),
             image=lookup("<img>"),
+            joint_img_sep=lookup("<joint_img_sep>"),
             cfg=lookup("<cfg>"),
             timestep=lookup("<timestep>"),
             size=lookup(size_token(image_base_size)),

@@ -136,10 +136,27 @@ class HunyuanImage3(nn.Module):
         logits = self.lm_head(self.model.ln_f(hidden)).float()
         return logits, PrefixCache(caches, (start + seq,) * input_ids.shape[0])
 
+    def prompt_forward(
+        self, embeds: torch.Tensor, positions: torch.Tensor, spans: tuple[tuple[int, int], ...] = ()
+    ) -> tuple[torch.Tensor, PrefixCache]:
+        """fp32 logits ``[1, S, vocab]`` of one prompt given as embeddings ``[1, S, hidden]`` and (y, x)
+        `positions` ``[1, S, 2]``: causal, but each of `spans` ([start, end)) attends both ways within
+        itself (a conditioning image's block, `omni_hunyuan.understanding`)."""
+        seq = embeds.shape[1]
+        mask = self._causal_mask(seq, 0, embeds.device)[0, 0].clone()
+        for start, end in spans:
+            mask[start:end, start:end] = True
+        hidden, caches = self._run(embeds, positions, mask[None, None], None)
+        return self.lm_head(self.model.ln_f(hidden)).float(), PrefixCache(caches, (seq,))
+
     @torch.no_grad()
-    def greedy(self, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int] = frozenset()) -> list[int]:
-        """Greedy continuation of one prompt ``[1, S]`` with a KV cache (the text path's own decode)."""
-        logits, cache = self.text_forward(input_ids)
+    def greedy(
+        self, input_ids: torch.Tensor, max_new_tokens: int, stop_ids: frozenset[int] = frozenset(),
+        prompt: tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]] | None = None,
+    ) -> list[int]:
+        """Greedy continuation of one prompt ``[1, S]`` with a KV cache (the text path's own decode);
+        `prompt` (embeddings, positions, spans: `prompt_forward`) replaces the ids' plain embedding."""
+        logits, cache = self.text_forward(input_ids) if prompt is None else self.prompt_forward(*prompt)
         tokens: list[int] = []
         for _ in range(max_new_tokens):
             token = int(logits[0, -1].argmax())

@@ -64,6 +64,39 @@ class TestHunyuanImage3Family(FamilyContract):
             assert result.prompt_token_ids == ids[0].tolist()
             assert result.token_ids == expected[0, ids.shape[1] :].tolist()
 
+    def test_i2t_greedy_tokens_equal_the_torch_reference(self, omni: Any, checkpoint: Path, model: Any, tokenizer: Any, tokens: Any) -> None:
+        """Images in, text out, on vLLM: two images of other shapes (one request with a system
+        message and two images) and a text-only request in flight together. The prompt ids and greedy
+        tokens equal our torch transformer over the same layout (`omni_hunyuan.understanding`: the
+        image block's two-way span and 2-D positions, which `test_understanding` shows both matter)."""
+        from PIL import Image
+
+        from omni_hunyuan.config import HunyuanConfig
+        from omni_hunyuan.understanding import ImageEncoder, i2t_prompt_ids, layout, preprocess
+
+        config = HunyuanConfig.from_pretrained(checkpoint)
+        encoder = ImageEncoder.from_pretrained(checkpoint)
+        red, gradient = Image.new("RGB", (100, 60), (200, 30, 30)), Image.radial_gradient("L").convert("RGB").resize((40, 90))
+        cases = [
+            (None, [red], "What is in the image?"),
+            ("You describe pictures.", [gradient, red], "Compare them"),
+        ]
+        params = {"ar": {"max_tokens": 10, "temperature": 0.0, "ignore_eos": True}}
+        requests = []
+        for system, images, text in cases:
+            messages = [{"role": "system", "content": system}] if system else []
+            parts = [*({"type": "image", "image": image} for image in images), {"type": "text", "text": text}]
+            requests.append(OmniRequest(messages=[*messages, {"role": "user", "content": parts}], modalities=("text",), params=params))
+        requests.append(OmniRequest(prompt="A cat sleeps on a sofa", modalities=("text",), params=params))
+        results = omni.generate(requests)
+        for (system, images, text), result in zip(cases, results):
+            conds = [preprocess(image, config, len(tokens.ratios)) for image in images]
+            prompt = layout(i2t_prompt_ids(tokenizer, tokens, text, len(images), system), conds, tokens, model.model.wte, encoder)
+            assert result.prompt_token_ids == prompt.ids
+            expected = model.greedy(torch.tensor([prompt.ids]), 10, prompt=(prompt.embeds[None], prompt.positions[None], prompt.spans))
+            assert result.token_ids == expected
+        assert results[2].token_ids == omni.generate(requests[2])[0].token_ids
+
     def test_four_concurrent_requests_of_mixed_tasks_equal_each_alone(self, omni: Any) -> None:
         """t2t and t2i in flight together each get what they get alone; a t2t request yields no image
         and a t2i request no tokens (each runs only its own stage)."""

@@ -81,6 +81,37 @@ def test_text_alone_runs_only_the_ar_stage(client: openai.OpenAI, server: LiveSe
     assert isinstance(answer.content, str) and answer.content
 
 
+def _png_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_an_image_in_the_message_runs_i2t(client: openai.OpenAI, server: LiveServer) -> None:
+    """An ``image_url`` part makes a text answer about the image (i2t on the ar stage alone): greedy,
+    so the same request answers the same, and another image answers otherwise."""
+    def ask(image: Image.Image, stream: bool = False) -> str:
+        content = [{"type": "image_url", "image_url": {"url": _png_url(image)}}, {"type": "text", "text": "What is in the image?"}]
+        params = {"stage_params": {"ar": {"max_tokens": 8, "ignore_eos": True}}}
+        if stream:
+            chunks = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], modalities=["text"], stream=True, extra_body=params)  # type: ignore[arg-type]
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], modalities=["text"], extra_body=params)  # type: ignore[arg-type]
+        return answer.choices[0].message.content  # type: ignore[return-value]
+
+    red, gradient = Image.new("RGB", (100, 60), (200, 30, 30)), Image.radial_gradient("L").convert("RGB").resize((40, 90))
+    first = ask(red)
+    assert isinstance(first, str) and first
+    assert ask(red, stream=True) == first
+    assert ask(gradient) != first
+    bad = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=bad, timeout=60)
+    assert response.status_code == 400 and "cannot decode the image" in response.json()["error"]["message"], response.text
+    drawn = {**bad, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(red)}}, {"type": "text", "text": "redraw"}]}], "modalities": ["image"]}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=drawn, timeout=60)
+    assert response.status_code == 400 and "takes no image" in response.json()["error"]["message"], response.text
+
+
 def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveServer) -> None:
     body = {"model": MODEL, "prompt": "a red apple", "size": "48x80", "seed": 1, "stage_params": {"dit": {"num_inference_steps": 2}}}
     response = httpx.post(f"{server.url}/v1/images/generations", json=body, timeout=120)
@@ -93,8 +124,9 @@ def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveSer
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"task": "edit"}, "unknown task 'edit'; this model's tasks are: t2i, t2t, think_t2i, recaption_t2i"),
+        ({"task": "edit"}, "unknown task 'edit'; this model's tasks are: t2i, t2t, i2t, think_t2i, recaption_t2i"),
         ({"task": "t2t", "modalities": ["image"]}, "task 't2t' does not produce image"),
+        ({"task": "i2t"}, "task 'i2t' needs an image"),
     ],
 )
 def test_a_task_it_cannot_run_is_a_400(server: LiveServer, extra: dict, message: str) -> None:

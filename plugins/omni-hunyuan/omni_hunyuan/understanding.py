@@ -1,0 +1,299 @@
+"""Image understanding (``i2t``): a conditioning image as the release's joint image block.
+
+One image becomes, where its ``<img>`` placeholder stood in the prompt::
+
+    <boi> <img_size_B> <img_ratio_k> <timestep> <img>*(h_v*w_v) <joint_img_sep> <img>*P <eoi>
+
+- the VAE slots: the image stretched (Lanczos) to the size of the resolution table whose height/width
+  ratio is nearest its own (``<img_ratio_k>``), mapped to [-1, 1], VAE-encoded (a sample of the
+  latent distribution, seeded: ``seed``), shifted and scaled, then `UNetDown` (``patch_embed``) at
+  timestep 0; ``h_v x w_v`` latent tokens, row-major;
+- ``<timestep>``: ``timestep_emb(0)``; ``<joint_img_sep>``: its word embedding;
+- the ViT slots: transformers' Siglip2 (naflex) processor and vision tower (``vision_model.*``) with
+  the checkpoint's ``vit_processor`` settings, always ``P = max_num_patches`` rows (the padding rows
+  zeroed), then the aligner (``vision_aligner.layers.*``: Linear, GELU, Linear);
+- positions (2-D RoPE, `omni_hunyuan.rope`): every token's is its index, but the VAE slots sit on their
+  ``h_v x w_v`` grid and the first ``h_p * w_p`` ViT slots on the ViT's patch grid (the padding rows
+  stay 1-D); text after the block goes on from its end;
+- attention: causal, except that the span from the first VAE slot to the last ViT slot (separator and
+  padding included) attends both ways within itself.
+
+This is how vLLM-Omni's HunyuanImage-3.0 model builds its i2t inputs (FAMILIES.md 2.2-2.3); the
+Instruct template puts the images after ``User: `` (`i2t_prompt_ids`). Torch, transformers and
+diffusers only: the ``ar`` stage's vLLM model (`omni_hunyuan.vllm_model`) and the torch reference
+(`understand_greedy`) share it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from omni_hunyuan.config import HunyuanConfig
+from omni_hunyuan.layers import TimestepEmbedder, UNetDown
+from omni_hunyuan.resolution import drawable, ratio_sizes
+from omni_hunyuan.rope import image_positions
+from omni_hunyuan.tokens import SpecialTokens
+
+ENCODER_PREFIXES = ("vae.", "vision_model.", "vision_aligner.", "patch_embed.", "time_embed.", "timestep_emb.")
+HEAD_TOKENS = 4  # <boi> <img_size> <img_ratio> <timestep>, before the VAE slots
+
+
+@attrs.frozen
+class CondImage:
+    """One preprocessed conditioning image (what the vLLM processor hands the model per image)."""
+
+    ratio: int  # <img_ratio_k>
+    vae_pixels: torch.Tensor  # fp32 [3, H, W] in [-1, 1]
+    vit_pixels: torch.Tensor  # fp32 [P, 3 * p * p]
+    vit_mask: torch.Tensor  # [P] (1: a real patch)
+    vit_grid: tuple[int, int]  # (h_p, w_p) patches
+    downsample: int
+
+    @property
+    def shape(self) -> BlockShape:
+        grid = (self.vae_pixels.shape[1] // self.downsample, self.vae_pixels.shape[2] // self.downsample)
+        return BlockShape(self.ratio, grid, self.vit_grid, self.vit_pixels.shape[0])
+
+
+def vit_processor(config: HunyuanConfig) -> Any:
+    """transformers' Siglip2 image processor with the checkpoint's ``vit_processor`` settings (PIL backend)."""
+    from transformers.models.siglip2.image_processing_pil_siglip2 import (
+        Siglip2ImageProcessorPil,
+    )
+
+    settings = dict(config.raw.get("vit_processor") or {})
+    if not settings:
+        raise ValueError("config.json has no 'vit_processor' section: this checkpoint cannot read images")
+    return Siglip2ImageProcessorPil(**{k: v for k, v in settings.items() if k not in ("image_processor_type", "processor_class")})
+
+
+def vae_bucket(width: int, height: int, config: HunyuanConfig, num_ratios: int) -> int:
+    """The ratio index whose (drawable) size has the height/width ratio nearest the image's."""
+    sizes = ratio_sizes(config.image_base_size, num_ratios)
+    valid = drawable(config.image_base_size, num_ratios, config.vae_downsample)
+    return min(valid, key=lambda i: abs(sizes[i][1] / sizes[i][0] - height / width))
+
+
+def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: Any | None = None) -> CondImage:
+    """A PIL image -> `CondImage` (the VAE branch's bucket and pixels, the ViT branch's patches)."""
+    import numpy as np
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"an image must be a PIL image, got {type(image).__name__}")
+    image = image.convert("RGB")
+    ratio = vae_bucket(image.width, image.height, config, num_ratios)
+    width, height = ratio_sizes(config.image_base_size, num_ratios)[ratio]
+    stretched = np.asarray(image.resize((width, height), Image.Resampling.LANCZOS), dtype=np.float32) / 255.0
+    vae_pixels = torch.from_numpy(stretched).permute(2, 0, 1).contiguous() * 2.0 - 1.0
+    out = (processor or vit_processor(config))(images=[image], return_tensors="pt")
+    grid = out["spatial_shapes"][0].tolist()
+    return CondImage(
+        ratio=ratio,
+        vae_pixels=vae_pixels,
+        vit_pixels=out["pixel_values"][0].float(),
+        vit_mask=out["pixel_attention_mask"][0],
+        vit_grid=(int(grid[0]), int(grid[1])),
+        downsample=config.vae_downsample,
+    )
+
+
+@attrs.frozen
+class BlockShape:
+    """What an image block's token layout depends on: the ratio token, the VAE grid, the ViT grid and
+    slot count (a `CondImage`'s, or vLLM's per-item data)."""
+
+    ratio: int
+    vae_grid: tuple[int, int]
+    vit_grid: tuple[int, int]
+    vit_slots: int
+
+    @property
+    def slots(self) -> int:
+        """The embedded run: VAE slots, ``<joint_img_sep>``, ViT slots."""
+        return self.vae_grid[0] * self.vae_grid[1] + 1 + self.vit_slots
+
+    @property
+    def length(self) -> int:
+        return HEAD_TOKENS + self.slots + 1
+
+    def ids(self, tokens: SpecialTokens) -> list[int]:
+        """The token ids an image's ``<img>`` placeholder becomes."""
+        h, w = self.vae_grid
+        return [
+            tokens.boi, tokens.size, tokens.ratios[self.ratio], tokens.timestep,
+            *([tokens.image] * (h * w)), tokens.joint_img_sep, *([tokens.image] * self.vit_slots), tokens.eoi,
+        ]
+
+    def positions(self, start: int) -> torch.Tensor:
+        """``[length, 2]`` (y, x) positions of the block whose ``<boi>`` is at index `start`."""
+        positions = torch.arange(start, start + self.length)[:, None].repeat(1, 2)
+        h, w = self.vae_grid
+        vae = HEAD_TOKENS
+        positions[vae : vae + h * w] = image_positions(start + vae, h, w)
+        vit = vae + h * w + 1
+        hp, wp = self.vit_grid
+        positions[vit : vit + hp * wp] = image_positions(start + vit, hp, wp)
+        return positions
+
+    def span(self, start: int) -> tuple[int, int]:
+        """[first VAE slot, last ViT slot + 1): the tokens that attend both ways, for ``<boi>`` at `start`."""
+        return start + HEAD_TOKENS, start + HEAD_TOKENS + self.slots
+
+
+def i2t_prompt_ids(tokenizer: Any, tokens: SpecialTokens, prompt: str, images: int, system: str | None = None) -> list[int]:
+    """The Instruct template with images: ``<bos>{system}\\n\\nUser: <img>*n{prompt}\\n\\nAssistant: `` (the
+    pieces tokenized separately; each ``<img>`` becomes an image block)."""
+    ids = [tokens.bos]
+    if system:
+        ids += tokenizer.encode(f"{system.strip()}\n\n", add_special_tokens=False)
+    ids += tokenizer.encode("User: ", add_special_tokens=False)
+    ids += [tokens.image] * images
+    ids += tokenizer.encode(f"{prompt}\n\nAssistant: ", add_special_tokens=False)
+    return ids
+
+
+class Aligner(nn.Module):
+    """``vision_aligner``: the release's LightProjector ``mlp_gelu`` (Linear, then GELU-Linear x depth-1)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        super().__init__()
+        kind = settings.get("projector_type", "mlp_gelu")
+        if kind not in ("mlp_gelu", "linear"):
+            raise ValueError(f"vit_aligner projector_type {kind!r} is not supported (mlp_gelu, linear)")
+        width, out = int(settings["input_dim"]), int(settings["n_embed"])
+        layers: list[nn.Module] = [nn.Linear(width, out)]
+        for _ in range(int(settings.get("depth", 2)) - 1 if kind == "mlp_gelu" else 0):
+            layers += [nn.GELU(), nn.Linear(out, out)]
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class ImageEncoder(nn.Module):
+    """The modules that turn a `CondImage` into its embedded run, with the checkpoint's weights:
+    the VAE (its encoder), ``patch_embed`` and ``time_embed``, ``timestep_emb`` (the ``<timestep>``
+    slot), the Siglip2 tower and the aligner."""
+
+    def __init__(self, config: HunyuanConfig) -> None:
+        super().__init__()
+        from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+        from omni_hunyuan.vae import build_vae
+
+        vit = {k: v for k, v in (config.raw.get("vit") or {}).items() if k != "model_type"}
+        if not vit or not config.raw.get("vit_aligner"):
+            raise ValueError("config.json has no 'vit' / 'vit_aligner' sections: this checkpoint cannot read images")
+        self.config = config
+        self.vae = build_vae(config.vae)
+        self.vision_model = Siglip2VisionModel(Siglip2VisionConfig(**vit))
+        self.vision_aligner = Aligner(dict(config.raw["vit_aligner"]))
+        self.patch_embed = UNetDown(config.latent_channels, config.hidden_size, config.patch_embed_hidden_dim)
+        self.time_embed = TimestepEmbedder(config.hidden_size)
+        self.timestep_emb = TimestepEmbedder(config.hidden_size)
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> ImageEncoder:
+        """The encoder with the checkpoint's weights: the VAE in fp32, the rest in `dtype`."""
+        from omni_hunyuan.vae import VAE_PREFIX, release_to_diffusers_key
+        from omni_hunyuan.weights import read_tensors
+
+        encoder = cls(HunyuanConfig.from_pretrained(model_path))
+        state = {}
+        for key, tensor in read_tensors(model_path, ENCODER_PREFIXES).items():
+            state[f"vae.{release_to_diffusers_key(key[len(VAE_PREFIX):])}" if key.startswith(VAE_PREFIX) else key] = tensor
+        result = encoder.load_state_dict(state, strict=False)
+        if result.missing_keys or result.unexpected_keys:
+            raise ValueError(f"image encoder weights do not match: missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+        for name, module in encoder.named_children():
+            if name == "vae":
+                module.to(device=device)  # fp32, as built
+            else:
+                module.to(device=device, dtype=dtype)
+        return encoder.eval()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embed.model[0].weight.dtype
+
+    @torch.no_grad()
+    def timestep_token(self) -> torch.Tensor:
+        """``[hidden]``: the ``<timestep>`` slot's embedding (timestep 0)."""
+        return self.timestep_emb(torch.zeros(1, device=self.patch_embed.model[0].weight.device))[0].to(self.dtype)
+
+    @torch.no_grad()
+    def embed(self, image: CondImage, separator: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """``[slots, hidden]``: VAE tokens, `separator` (``<joint_img_sep>``'s word embedding), ViT tokens."""
+        device = self.patch_embed.model[0].weight.device
+        vae = self.vae.config
+        pixels = image.vae_pixels.to(device=device, dtype=torch.float32)[None, :, None]  # [1, 3, T=1, H, W]
+        generator = torch.Generator(device).manual_seed(seed)
+        latents = self.vae.encode(pixels).latent_dist.sample(generator)[:, :, 0]
+        if self.config.vae.get("shift_factor"):
+            latents = latents - float(self.config.vae["shift_factor"])
+        latents = latents * float(vae.scaling_factor)
+        t = torch.zeros(1, device=device)
+        vae_tokens = self.patch_embed(latents.to(self.dtype), self.time_embed(t).to(self.dtype))[0]
+        mask = image.vit_mask.to(device)
+        hidden = self.vision_model(
+            pixel_values=image.vit_pixels.to(device=device, dtype=self.dtype)[None],
+            pixel_attention_mask=mask[None],
+            spatial_shapes=torch.tensor([image.vit_grid], device=device),
+        ).last_hidden_state[0]
+        hidden = hidden * mask[:, None].to(hidden.dtype)  # padding rows: zeros into the aligner
+        vit_tokens = self.vision_aligner(hidden)
+        return torch.cat([vae_tokens, separator.to(self.dtype)[None], vit_tokens.to(self.dtype)])
+
+
+@attrs.frozen
+class Prompt:
+    """A prompt with image blocks laid out: ids, embeddings, (y, x) positions, bidirectional spans."""
+
+    ids: list[int]
+    embeds: torch.Tensor  # [S, hidden]
+    positions: torch.Tensor  # [S, 2]
+    spans: tuple[tuple[int, int], ...]
+
+
+def layout(
+    ids: list[int], images: list[CondImage], tokens: SpecialTokens, wte: nn.Embedding, encoder: ImageEncoder, seed: int = 0
+) -> Prompt:
+    """Replace each ``<img>`` of `ids` (one per image, in order) by its block, embedded."""
+    placeholders = [i for i, t in enumerate(ids) if t == tokens.image]
+    if len(placeholders) != len(images):
+        raise ValueError(f"the prompt has {len(placeholders)} <img> placeholders for {len(images)} images")
+    device = wte.weight.device
+    out_ids: list[int] = []
+    pieces: list[torch.Tensor] = []
+    positions: list[torch.Tensor] = []
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    separator = wte(torch.tensor([tokens.joint_img_sep], device=device))[0]
+    for where, image in zip(placeholders, images):
+        text = ids[cursor:where]
+        if text:
+            pieces.append(wte(torch.tensor(text, device=device)))
+            positions.append(torch.arange(len(out_ids), len(out_ids) + len(text))[:, None].repeat(1, 2))
+            out_ids += text
+        start = len(out_ids)
+        shape = image.shape
+        block = shape.ids(tokens)
+        head = wte(torch.tensor(block[: HEAD_TOKENS - 1], device=device))
+        pieces += [head, encoder.timestep_token()[None], encoder.embed(image, separator, seed), wte(torch.tensor([tokens.eoi], device=device))]
+        positions.append(shape.positions(start))
+        spans.append(shape.span(start))
+        out_ids += block
+        cursor = where + 1
+    text = ids[cursor:]
+    if text:
+        pieces.append(wte(torch.tensor(text, device=device)))
+        positions.append(torch.arange(len(out_ids), len(out_ids) + len(text))[:, None].repeat(1, 2))
+        out_ids += text
+    embeds = torch.cat([p.to(wte.weight.dtype) for p in pieces])
+    return Prompt(out_ids, embeds, torch.cat(positions).to(device), tuple(spans))
