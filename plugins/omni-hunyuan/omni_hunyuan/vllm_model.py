@@ -310,6 +310,13 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        mm = vllm_config.model_config.multimodal_config
+        split = vllm_config.cache_config.enable_prefix_caching or vllm_config.scheduler_config.enable_chunked_prefill
+        if mm is not None and mm.get_limit_per_prompt("image") > 0 and split:
+            raise ValueError(
+                "HunyuanImage-3.0 with images needs vLLM's enable_prefix_caching and enable_chunked_prefill off "
+                "(an image block attends both ways within one forward); or set limit_mm_per_prompt image 0"
+            )
         self.encoder = ImageEncoder(self.config)
         self.encoder.vae.decoder = None  # encoding only (its weights are skipped on load)
         self.tokenizer_path = vllm_config.model_config.tokenizer
