@@ -104,15 +104,16 @@ def vllm_config_dir(model_path: str | Path, cache: Path) -> Path:
 
 
 class _Attention(nn.Module):
-    """The release attention (fused interleaved qkv, QK norm after RoPE) over vLLM's paged cache."""
+    """The release attention (fused interleaved qkv, QK norm after RoPE where ``use_qk_norm``) over vLLM's paged cache."""
 
     def __init__(self, config: HunyuanConfig, cache_config: Any, prefix: str) -> None:
         super().__init__()
         self.config = config
         self.qkv_proj = nn.Linear(config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=config.attention_bias)
-        self.query_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
-        self.key_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        if config.use_qk_norm:
+            self.query_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.key_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.attn = Attention(
             config.num_heads, config.head_dim, config.head_dim**-0.5, num_kv_heads=config.num_kv_heads,
             cache_config=cache_config, prefix=f"{prefix}.attn",
@@ -132,8 +133,10 @@ class _Attention(nn.Module):
         yx = positions[1:].T if positions.ndim == 2 else torch.stack([positions, positions], dim=-1)
         cos, sin = rope_tables(yx[None], c.head_dim, c.rope_theta)
         # apply_rope takes [batch, heads, seq, dim]: here batch 1, tokens as the sequence.
-        q = self.query_layernorm(apply_rope(q.transpose(0, 1)[None], cos, sin))[0].transpose(0, 1).to(v.dtype)
-        k = self.key_layernorm(apply_rope(k.transpose(0, 1)[None], cos, sin))[0].transpose(0, 1).to(v.dtype)
+        q, k = apply_rope(q.transpose(0, 1)[None], cos, sin), apply_rope(k.transpose(0, 1)[None], cos, sin)
+        if c.use_qk_norm:
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
+        q, k = q[0].transpose(0, 1).to(v.dtype), k[0].transpose(0, 1).to(v.dtype)
         if keep is not None:
             keep.append(torch.stack([k, v], dim=1))  # [tokens, 2, kv_heads, head_dim]
         out = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1))
