@@ -418,7 +418,9 @@ def test_the_request_helpers_plugins_share() -> None:
         {"role": "assistant", "content": "reply"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "b"}]},
     ]
-    assert last_user_text(messages) == "a b"
+    assert last_user_text(messages, reads=("image_url",)) == "a b"
+    with pytest.raises(InvalidRequestError, match=r"messages\[2\]: a 'image_url' content part; this model reads text$"):
+        last_user_text(messages)  # a family that reads no images never drops one silently
     assert last_user_text([{"role": "assistant", "content": "x"}]) is None
     assert int_param(3, "n") == 3 and number_param(2, "scale") == 2.0
     for bad, check in ((True, int_param), (2.5, int_param), ("1", number_param), (False, number_param)):

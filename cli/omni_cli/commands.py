@@ -39,13 +39,14 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--modalities", default=None, help="Comma-separated outputs, e.g. text,audio (default: the pipeline's).")
 @click.option("--stage-params", default=None, metavar="JSON", help='Per-stage parameters, e.g. \'{"thinker": {"max_tokens": 32}}\'.')
 @click.option("--task", default=None, help="The pipeline task to run, for a family with tasks (default: the modalities pick it).")
+@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="An input image file (repeatable), sent before the prompt in one chat message, as image_url parts: for a model that reads images (e.g. Qwen3-Omni, HunyuanImage-3.0 i2t).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Directory for media outputs (WAV, PNG, MP4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with prompt_token_ids and token_ids).")
 @click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")
 @deploy_option
 @set_option
 @click.pass_context
-def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None, stage_params: str | None, task: str | None, out_dir: Path | None, as_json: bool, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
+def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None, stage_params: str | None, task: str | None, images: tuple[Path, ...], out_dir: Path | None, as_json: bool, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
     """Run one prompt through MODEL's pipeline and print or save what it produces."""
     params = _parse_stage_params(stage_params)
     wanted = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else None
@@ -69,7 +70,11 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
             elif delta.modality != "text":
                 click.echo(_describe(delta), err=True)
 
-        request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task)
+        if images:
+            content = [*({"type": "image_url", "image_url": {"url": _data_url(path)}} for path in images), {"type": "text", "text": prompt}]
+            request = OmniRequest(messages=[{"role": "user", "content": content}], modalities=wanted, params=params or {}, task=task)
+        else:
+            request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task)
         (result,) = omni.generate(request, on_delta=on_delta)
     paths = result.save(out_dir) if out_dir is not None else {}
     if as_json:
@@ -86,6 +91,15 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
 
 
 _MEDIA_KEYS = ("image", "video", "audio", "actions")
+
+
+def _data_url(path: Path) -> str:
+    """A local file (the CLI user's own) as a base64 ``data:`` URL, its type from its name."""
+    import base64
+    import mimetypes
+
+    kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"
 
 
 def _describe(delta: Any) -> str:

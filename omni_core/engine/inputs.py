@@ -35,9 +35,20 @@ class TextPromptProcessor(InputProcessor):
         return {name: StageInput(data=dict(data), final=True) for name in self.entries(request.task)}
 
 
-def last_user_text(messages: list[dict[str, Any]]) -> str | None:
+def last_user_text(messages: list[dict[str, Any]], reads: tuple[str, ...] = ()) -> str | None:
     """The text of the last user message in OpenAI chat `messages` (its text parts joined with
-    spaces), or None: what an image or video family takes as its prompt."""
+    spaces), or None: what an image or video family takes as its prompt.
+
+    A content part of another type than ``text`` and `reads` (the part types the family reads on its
+    own, e.g. ``("image_url",)``), in any message, is an `InvalidRequestError`: never silently dropped.
+    """
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" and kind not in reads:
+                takes = ", ".join(("text", *reads))
+                raise InvalidRequestError(f"messages[{index}]: a {kind!r} content part; this model reads {takes}", param="messages")
     for message in reversed(messages):
         if message.get("role") != "user":
             continue

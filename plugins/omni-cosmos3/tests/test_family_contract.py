@@ -39,6 +39,10 @@ class TestCosmos3Family(FamilyContract):
             "a size the VAE cannot divide": OmniRequest(
                 prompt="a cat", modalities=("image",), params=steps, extra={"size": (33, 32)}
             ),
+            "an image in the chat message (it reads none there)": OmniRequest(
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "a cat"}]}],
+                params=steps,
+            ),
             "actions of an unknown robot": OmniRequest(
                 prompt="a robot", modalities=("action",), params=steps,
                 extra={"image": np.zeros((24, 32, 3), np.uint8), "domain": "no_such_robot", "chunk_size": 4},

@@ -106,7 +106,7 @@ class HunyuanInputProcessor(InputProcessor):
     def process(self, request: Any) -> dict[str, StageInput]:
         prompt = request.prompt
         if prompt is None and request.messages:
-            prompt = last_user_text(request.messages)
+            prompt = last_user_text(request.messages, reads=("image_url", "image"))
         images = request_images(request)
         if images and request.task in ("t2t", "i2t") and prompt is None:
             prompt = ""  # an image alone is a prompt for i2t

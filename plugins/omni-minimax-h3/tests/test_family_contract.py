@@ -28,6 +28,10 @@ class TestMiniMaxH3Family(FamilyContract):
         steps = {"dit": {"num_inference_steps": 2}}
         return {
             **super().bad_requests(),
+            "an image in the chat message (it reads none there)": OmniRequest(
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "a cat"}]}],
+                params=steps,
+            ),
             "a size the VAE cannot divide": OmniRequest(prompt="a cat", params=steps, extra={"size": (48, 32)}),
             "too long a video": OmniRequest(prompt="a cat", params=steps, extra={"seconds": 20}),
             "an aspect ratio past 4:1": OmniRequest(prompt="a cat", params=steps, extra={"size": (160, 32)}),
