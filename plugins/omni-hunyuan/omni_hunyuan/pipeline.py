@@ -125,7 +125,10 @@ class HunyuanInputProcessor(InputProcessor):
             data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system_text(request.messages)} if images else {"prompt": prompt}
             return {AR_STAGE: StageInput(data=data, final=True)}
         if images:
-            raise InvalidRequestError(f"task {request.task!r} takes no image (image-to-image is not supported)", param="messages")
+            raise InvalidRequestError(
+                f"task {request.task!r} takes no image (image editing, it2i, is not supported); "
+                'with "modalities": ["text"] the image is read (i2t)', param="messages",
+            )
         if request.task == "t2i":
             return {STAGE: StageInput(data={"prompt": prompt, **dit}, final=True)}
         bot_task = REASONING[request.task]

@@ -21,6 +21,7 @@ from omni_core.stages import diffusion_cache
 from omni_hunyuan.config import HunyuanConfig
 from omni_hunyuan.layers import (
     DecoderLayer,
+    ImageRowsMask,
     RMSNorm,
     TimestepEmbedder,
     UNetDown,
@@ -106,7 +107,7 @@ class HunyuanImage3(nn.Module):
     # -- the decoder over new tokens, given what is cached -------------------------------------------
 
     def _run(
-        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: PrefixCache | None
+        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ImageRowsMask, past: PrefixCache | None
     ) -> tuple[torch.Tensor, tuple[KV, ...]]:
         """Hidden states (before ``ln_f``) of new tokens, and the caches of past + new tokens."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
@@ -199,8 +200,7 @@ class HunyuanImage3(nn.Module):
         layer 0, and only the rows whose layer-0 residual changed enough run the rest; the others add
         the residual the rest added at their last computed step.
         """
-        batch, _, height, width = latents.shape
-        span = height * width
+        _, _, height, width = latents.shape
         device = latents.device
         dtype = self.model.wte.weight.dtype
         step_token = self.timestep_emb(timestep).to(dtype)[:, None]
@@ -209,21 +209,17 @@ class HunyuanImage3(nn.Module):
         positions = torch.stack(
             [torch.cat([text_positions(n, 1, device), image_positions(n + 1, height, width, device)]) for n in prefix.lengths]
         )
-        padded = prefix.length
-        lengths = torch.tensor(prefix.lengths, device=device)
-        prefix_keys = torch.arange(padded, device=device)[None, None, :] < lengths[:, None, None]  # [B, 1, L]
-        new_keys = torch.ones(1 + span, 1 + span, dtype=torch.bool, device=device)
-        new_keys[0, 1:] = False  # <timestep> is text: it does not see the image after it
-        mask = torch.cat([prefix_keys.expand(batch, 1 + span, padded), new_keys.expand(batch, -1, -1)], dim=2)
+        # <timestep> is text: it sees the prefix and itself, not the image after it (`ImageRowsMask`).
+        mask = ImageRowsMask(prefix.lengths, prefix.length)
         if cache_rows is not None and any(state is not None for state, _ in cache_rows):
             assert steps is not None and totals is not None
-            hidden = self._cached_run(embeds, positions, mask[:, None], prefix, cache_rows, steps, totals)
+            hidden = self._cached_run(embeds, positions, mask, prefix, cache_rows, steps, totals)
         else:
-            hidden, _ = self._run(embeds, positions, mask[:, None], prefix)
+            hidden, _ = self._run(embeds, positions, mask, prefix)
         return self.final_layer(hidden[:, 1:], self.time_embed_2(timestep).to(dtype), height, width)
 
     def _cached_run(
-        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, prefix: PrefixCache,
+        self, embeds: torch.Tensor, positions: torch.Tensor, mask: ImageRowsMask, prefix: PrefixCache,
         cache_rows: list[Any], steps: list[int], totals: list[int],
     ) -> torch.Tensor:
         """`_run` with first-block caching (see `velocity`); the hidden states of every row."""
@@ -236,7 +232,8 @@ class HunyuanImage3(nn.Module):
         index = [i for i, c in enumerate(compute) if c]
         if index:
             rows = torch.tensor(index, device=embeds.device)
-            hidden, sub_cos, sub_sin, sub_mask = (t.index_select(0, rows) for t in (first, cos, sin, mask))
+            hidden, sub_cos, sub_sin = (t.index_select(0, rows) for t in (first, cos, sin))
+            sub_mask = mask.rows(rows)
             for number, layer in enumerate(layers[1:], start=1):
                 keys, values = prefix.layers[number]
                 past = (keys.index_select(0, rows), values.index_select(0, rows))

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 from transformers import BatchFeature
@@ -103,6 +104,17 @@ def vllm_config_dir(model_path: str | Path, cache: Path) -> Path:
     return cache
 
 
+@attrs.define
+class _Export:
+    """The keys/values a forward exports: those of batch `rows` (the requests that asked), per layer."""
+
+    rows: torch.Tensor
+    layers: list[torch.Tensor] = attrs.Factory(list)
+
+    def add(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.layers.append(torch.stack([k[self.rows], v[self.rows]], dim=1))  # [rows, 2, kv_heads, head_dim]
+
+
 class _Attention(nn.Module):
     """The release attention (fused interleaved qkv, QK norm after RoPE where ``use_qk_norm``) over vLLM's paged cache."""
 
@@ -120,7 +132,7 @@ class _Attention(nn.Module):
         )
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, keep: list[torch.Tensor] | None = None, spans: list[tuple[int, int, int]] = ()
+        self, positions: torch.Tensor, x: torch.Tensor, keep: _Export | None = None, spans: list[tuple[int, int, int]] = ()
     ) -> torch.Tensor:
         """`positions`: ``[tokens]`` or M-RoPE's ``[3, tokens]`` (t, y, x). `spans`: ``(first, start,
         end)`` rows of this batch: rows start..end-1 attend both ways to rows first..end-1."""
@@ -138,7 +150,7 @@ class _Attention(nn.Module):
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         q, k = q[0].transpose(0, 1).to(v.dtype), k[0].transpose(0, 1).to(v.dtype)
         if keep is not None:
-            keep.append(torch.stack([k, v], dim=1))  # [tokens, 2, kv_heads, head_dim]
+            keep.add(k, v)
         out = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1))
         if spans:
             # vLLM wrote the span's keys/values to its cache and attended causally; the span's rows
@@ -161,7 +173,7 @@ class _Layer(nn.Module):
         self.mlp = MoE(config)
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, keep: list[torch.Tensor] | None = None, spans: list[tuple[int, int, int]] = ()
+        self, positions: torch.Tensor, x: torch.Tensor, keep: _Export | None = None, spans: list[tuple[int, int, int]] = ()
     ) -> torch.Tensor:
         x = x + self.self_attn(positions, self.input_layernorm(x), keep, spans)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -389,12 +401,12 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
             positions[0, first:end] = end
         return positions, 0
 
-    def _spans(self, positions: torch.Tensor) -> list[tuple[int, int, int]]:
+    def _spans(self, positions: torch.Tensor, layout: list[Any]) -> list[tuple[int, int, int]]:
         """This batch's bidirectional spans as ``(first row of the sequence, span start, span end)``."""
         if positions.ndim != 2:
             return []
         spans = []
-        for request_id, start, end, position in self.omni_batch_layout():
+        for request_id, start, end, position in layout:
             index = torch.arange(position, position + end - start, device=positions.device)
             marks = positions[0, start:end]
             inside = (marks != index).nonzero().flatten().tolist()
@@ -418,14 +430,19 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
     def forward(
         self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None
     ) -> torch.Tensor:
-        exporting = [rows for rows in self.omni_batch_layout() if self.omni_extra_args(rows.request_id).get(KV_EXPORT_ARG)]
-        keep: list[torch.Tensor] | None = [] if exporting else None
-        spans = self._spans(positions)
+        layout = self.omni_batch_layout()
+        exporting = [rows for rows in layout if self.omni_extra_args(rows.request_id).get(KV_EXPORT_ARG)]
+        keep = None
+        if exporting:
+            keep = _Export(torch.cat([torch.arange(rows.start, rows.end) for rows in exporting]).to(positions.device))
+        spans = self._spans(positions, layout)
         hidden = inputs_embeds if inputs_embeds is not None else self.model.wte(input_ids)
         for layer in self.model.layers:
             hidden = layer(positions, hidden, keep, spans)
-        if keep:
-            rows = kv_rows(keep)
+        if keep is not None:
+            rows = kv_rows(keep.layers)
+            offset = 0
             for request_id, start, end, position in exporting:
-                self.omni_emit_rows(request_id, position, rows[start:end].to("cpu", copy=True))
+                self.omni_emit_rows(request_id, position, rows[offset : offset + end - start].to("cpu", copy=True))
+                offset += end - start
         return self.model.ln_f(hidden)

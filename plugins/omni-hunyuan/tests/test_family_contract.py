@@ -177,8 +177,8 @@ class TestHunyuanImage3Family(FamilyContract):
     def test_the_dit_starts_from_the_ar_stage_keys_and_values(self, omni: Any, model: Any) -> None:
         """Think-then-draw: the keys/values the ar stage (vLLM) exports equal our transformer's for the
         same tokens; the dit stage, given them, computes only the rest of the cond row, to latents within
-        1e-5 of recomputing it all (fp32); through the engine, reuse on and off give the same 8-bit image,
-        and the user's answer does not carry them."""
+        1e-5 of recomputing it all (fp32); through the engine, reuse on and off give the same 8-bit image
+        up to rounding-boundary values, and the user's answer does not carry them."""
         from omni_hunyuan.transformer import PrefixCache
 
         dit = omni._omni.engine.groups["dit"].replicas[0].worker.runtime.model  # the inline dit stage's model part
@@ -202,7 +202,10 @@ class TestHunyuanImage3Family(FamilyContract):
             ]
         finally:
             del dit.prepare
-        np.testing.assert_array_equal(np.asarray(results[0].images[0]), np.asarray(results[1].images[0]))
+        # The latents agree within 1e-5 (below); vLLM's keys/values differ from ours by ~1e-6, so an 8-bit
+        # value sitting on a rounding boundary may land one level apart (1 of 9,216 here).
+        with_reuse, without = (np.asarray(r.images[0], dtype=int) for r in results)
+        assert np.abs(with_reuse - without).max() <= 1 and (with_reuse != without).mean() < 0.001
         assert results[0].token_ids == results[1].token_ids and "prefix_kv" not in results[0].extra.get("ar", {})
         reused, recomputed = received
         assert "prefix_kv" not in recomputed  # off: the ar stage was not asked for them

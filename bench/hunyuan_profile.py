@@ -1,0 +1,155 @@
+"""Where one HunyuanImage-3.0 denoising forward spends its time (not a test): the transformer alone.
+
+    python bench/hunyuan_profile.py --preset tiny                                   # CPU smoke test
+    OMNI_BENCH=hunyuan_profile bash bench/gpu/run.sh h200 --layers 2                # the H200
+
+Builds `omni_hunyuan.transformer.HunyuanImage3` at the released widths (``bench/hunyuan_image3.py``'s
+``RELEASE``; preset ``tiny``: the tiny checkpoint's) with ``--layers`` layers of random weights, in
+memory (no checkpoint), experts grouped as the ``dit`` stage runs them on CUDA. Then, for
+``--requests`` requests with CFG (2 rows each) at ``--side`` x ``--side`` latent tokens after a
+text prefix of ``--prefix``, ``--prefix`` + 2, ... tokens (one length per request): the forward's time and MFU (credited FLOPs as `bench/hunyuan_image3.py`
+counts them), each part's time alone on the same shapes (attention with the padding mask, and
+without any, the MoE, the projections), and the kernels that took the most device time
+(`torch.profiler`). Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from diffusion import matmul_ceiling, synchronize
+from hunyuan_image3 import RELEASE, Flops
+
+TINY = {**RELEASE, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attention_head_dim": 32,
+        "num_experts": 4, "moe_topk": 2, "moe_intermediate_size": 32, "patch_embed_hidden_dim": 32, "image_base_size": 64}
+
+
+def build(spec: dict[str, Any], layers: int, device: str, dtype: Any) -> Any:
+    import torch
+    from omni_hunyuan import tiny
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.transformer import HunyuanImage3
+
+    tokenizer = tiny.tiny_tokenizer(spec["tokenizer_vocab"], spec["image_base_size"])
+    config = HunyuanConfig.from_dict(tiny.release_config({**spec, "num_hidden_layers": layers}, -(-len(tokenizer) // 64) * 64, tokenizer))
+    with torch.device(device):
+        model = HunyuanImage3(config)
+    generator = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 1 and "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
+            param.data = param.data.to(torch.float32 if ".mlp.gate." in name else dtype)
+    if device.startswith("cuda") and dtype == torch.bfloat16:
+        for layer in model.model.layers:
+            layer.mlp.group_experts()
+    return model.eval()
+
+
+def timed(device: str, fn: Any, repeats: int) -> float:
+    """Seconds per call: the best of `repeats` after a warm-up call."""
+    fn()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=("tiny", "h200"), default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--side", type=int, default=None, help="latent tokens per side (default: base size / 16)")
+    parser.add_argument("--prefix", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
+    args = parser.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    dtype = getattr(torch, args.dtype)
+    spec = RELEASE if args.preset == "h200" else TINY
+    model = build(spec, args.layers, args.device, dtype)
+    config = model.config
+    side = args.side or config.image_base_size // config.vae_downsample
+    rows = 2 * args.requests
+    device = args.device
+    from omni_hunyuan.transformer import PrefixCache
+
+    lengths = [args.prefix + 2 * i for i in range(args.requests)]  # prompts of different lengths, as served
+    with torch.no_grad():
+        cache = PrefixCache.concat([model.encode_prefix(torch.randint(0, config.vocab_size, (2, n), device=device)) for n in lengths])
+        latents = torch.randn(rows, config.latent_channels, side, side, device=device, dtype=dtype)
+        timestep = torch.full((rows,), 500.0, device=device)
+        forward = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
+
+        # The parts alone, on one layer's shapes.
+        tokens = 1 + side * side
+        layer = model.model.layers[0]
+        hidden = torch.randn(rows, tokens, config.hidden_size, device=device, dtype=dtype)
+        q = torch.randn(rows, config.num_heads, tokens, config.head_dim, device=device, dtype=dtype)
+        from omni_hunyuan.layers import ImageRowsMask
+
+        padded = max(lengths)
+        k = torch.randn(rows, config.num_kv_heads, padded + tokens, config.head_dim, device=device, dtype=dtype)
+        v = torch.randn_like(k)
+        keys = torch.arange(padded + tokens, device=device)
+        real = (keys[None] < torch.tensor(lengths, device=device).repeat_interleave(2)[:, None]) | (keys[None] >= padded)
+        mask = real[:, None, None, :].expand(rows, 1, tokens, padded + tokens).clone()
+        mask[:, :, 0, padded + 1 :] = False  # <timestep> does not see the image
+        layout = ImageRowsMask(tuple(n for n in lengths for _ in range(2)), padded)
+        parts = {
+            "attention, a dense boolean mask (before)": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), args.repeats),
+            "attention, ImageRowsMask (as run)": timed(device, lambda: layout.attend(q, k, v), args.repeats),
+            "attention, one unmasked call": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.repeats),
+            "MoE (router, experts, shared)": timed(device, lambda: layer.mlp(hidden), args.repeats),
+            "qkv + o projections": timed(device, lambda: layer.self_attn.o_proj(layer.self_attn.qkv_proj(hidden)[..., : config.num_heads * config.head_dim]), args.repeats),
+        }
+
+        profile = ""
+        if device.startswith("cuda"):
+            from torch.profiler import ProfilerActivity, profile as record
+
+            with record(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(2):
+                    model.velocity(cache, latents, timestep)
+                synchronize(device)
+            profile = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+
+    flops = Flops(config, args.prefix, side, 1, rows)
+    ceiling = matmul_ceiling(device, args.dtype, 8192 if device.startswith("cuda") else 512)
+    lines = [
+        f"## HunyuanImage-3.0 denoising forward, {args.preset}: {args.layers} layers, {args.requests} requests x 2 rows, "
+        f"{side}x{side} latent tokens, prefixes {lengths}",
+        "",
+        f"{device}, {args.dtype}; matmul ceiling {ceiling / 1e12:.1f} TFLOP/s",
+        "",
+        "| what | ms | share of the forward's layer time |",
+        "|---|---:|---:|",
+        f"| forward (all layers, UNet in and out) | {forward * 1e3:.2f} | MFU {flops.model() / forward / ceiling:.1%} |",
+    ]
+    per_layer = forward / args.layers
+    for name, seconds in parts.items():
+        lines.append(f"| {name}, one layer | {seconds * 1e3:.2f} | {seconds / per_layer:.1%} |")
+    text = "\n".join(lines) + ("\n\n```\n" + profile + "\n```\n" if profile else "\n")
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"hunyuan-profile-{args.preset}.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
