@@ -4,7 +4,8 @@
   our own.
 - ``dit`` (kind ``diffusion``, `omni_hunyuan.dit.HunyuanDiT`): the image; stage parameters ``seed``,
   ``size`` ([width, height], one of the checkpoint's resolution table; unset: the model picks), ``n``
-  (images of one prompt, seeds ``seed``, ``seed + 1``, ...), ``num_inference_steps``, ``guidance_scale``, defaults from the checkpoint's generation_config.
+  (images of one prompt, seeds ``seed``, ``seed + 1``, ...), ``num_inference_steps``,
+  ``guidance_scale``, defaults from the checkpoint's generation_config.
 
 Tasks (the core's paths per request; `modalities` pick one, a ``task`` field or stage parameter
 names one):
@@ -153,35 +154,38 @@ class HunyuanInputProcessor(InputProcessor):
 
 
 def request_images(request: Any) -> list[Any]:
-    """The images of the request's last user message (``image_url`` parts with base64 ``data:`` URLs
-    (the server has already read any URL the operator allows), or ``image`` parts holding a PIL image),
-    in order, at most `omni_hunyuan.vllm_model.MAX_IMAGES`."""
+    """The images of the request's last user message, in order: ``image_url`` parts with base64
+    ``data:`` URLs (the server has already read any URL the operator allows) or ``image`` parts holding
+    a PIL image; at most `MAX_IMAGES`. An image in an earlier message is an error (it would be lost)."""
     from omni_core.media_access import data_url_bytes
     from omni_core.media_decode import open_image
 
-    message = next((m for m in reversed(request.messages or ()) if isinstance(m, dict) and m.get("role") == "user"), None)
-    content = message.get("content") if message else None
+    messages = [m for m in request.messages or () if isinstance(m, dict)]
+    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+    parts: list[dict[str, Any]] = []
+    for number, message in enumerate(messages):
+        content = message.get("content")
+        found = [p for p in (content if isinstance(content, list) else ()) if isinstance(p, dict) and p.get("type") in ("image_url", "image")]
+        if found and number != last:
+            raise InvalidRequestError(f"messages[{number}]: HunyuanImage-3.0 reads the images of the last user message only", param="messages")
+        parts += found
+    if len(parts) > MAX_IMAGES:
+        raise InvalidRequestError(f"messages: {len(parts)} images; at most {MAX_IMAGES} per request", param="messages")
     images: list[Any] = []
-    for index, part in enumerate(content if isinstance(content, list) else ()):
+    for part in parts:
         where = f"messages: image {len(images) + 1}"
-        if not isinstance(part, dict):
-            continue
-        if part.get("type") == "image_url":
+        if part["type"] == "image_url":
             value = part.get("image_url")
             url = value.get("url") if isinstance(value, dict) else value
             if not isinstance(url, str):
                 raise InvalidRequestError(f"{where}: image_url needs a url", param="messages")
             images.append(open_image(data_url_bytes(url, where)[1], where, "messages"))
-        elif part.get("type") == "image":
+        else:
             from PIL import Image
 
             if not isinstance(part.get("image"), Image.Image):
                 raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
             images.append(part["image"].convert("RGB"))
-        elif part.get("type") not in ("text", None):
-            raise InvalidRequestError(f"messages: content part {index} of type {part.get('type')!r}: HunyuanImage-3.0 reads text and images", param="messages")
-    if len(images) > MAX_IMAGES:
-        raise InvalidRequestError(f"messages: {len(images)} images; at most {MAX_IMAGES} per request", param="messages")
     return images
 
 

@@ -107,6 +107,14 @@ def test_an_image_in_the_message_runs_i2t(client: openai.OpenAI, server: LiveSer
     bad = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}
     response = httpx.post(f"{server.url}/v1/chat/completions", json=bad, timeout=60)
     assert response.status_code == 400 and "cannot decode the image" in response.json()["error"]["message"], response.text
+    picture = {"type": "image_url", "image_url": {"url": _png_url(red)}}
+    for messages, message in (
+        ([{"role": "user", "content": [picture] * 4 + [{"type": "text", "text": "?"}]}], "4 images; at most 3"),
+        ([{"role": "user", "content": [picture]}, {"role": "assistant", "content": "a red square"}, {"role": "user", "content": "and now?"}],
+         "messages[0]: HunyuanImage-3.0 reads the images of the last user message only"),
+    ):
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": messages}, timeout=60)
+        assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
     drawn = {**bad, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(red)}}, {"type": "text", "text": "redraw"}]}], "modalities": ["image"]}
     response = httpx.post(f"{server.url}/v1/chat/completions", json=drawn, timeout=60)
     assert response.status_code == 400 and "takes no image" in response.json()["error"]["message"], response.text
