@@ -70,6 +70,8 @@ class ServedModel:
     - `mm_processor_kwargs`: (a valid, an invalid) ``mm_processor_kwargs`` for its input
       processor, or None where the family reads none.
     - `reference`: greedy reference for (messages, max_tokens), or None to skip those comparisons.
+    - `long_tokens`: the text stage's tokens for a request that must still run when the client leaves
+      or a stage is killed (a few seconds: the disconnect tests scale their waits by its duration).
     """
 
     model: str
@@ -77,6 +79,7 @@ class ServedModel:
     inline: tuple[str, ...]
     modalities: tuple[str, ...]
     voice: str = "default"
+    long_tokens: int = 200
     greedy_stage_params: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     failing_stage_params: dict[str, dict[str, Any]] | None = None
     rejecting_stage_params: dict[str, dict[str, Any]] | None = None
@@ -130,6 +133,7 @@ CASES = {
         inline=("code2wav.placement=inline",),
         modalities=("text", "audio"),
         voice="chelsie",
+        long_tokens=600,  # ~2 s (random weights emit a stop token after ~120: `_long` sets min_tokens)
         # Random weights never emit the codec's end token: cap the talker (transformers' default is 4096).
         greedy_stage_params={"thinker": {"temperature": 0.0}, "talker": {"temperature": 0.0, "max_tokens": 40}},
         mm_processor_kwargs=({"use_audio_in_video": True}, {"use_audio_in_video": "yes"}),
@@ -187,6 +191,13 @@ def any_server(request: pytest.FixtureRequest) -> LiveServer:
 
 def _client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key or "unused", max_retries=0, timeout=120)
+
+
+def _long(served: ServedModel) -> dict[str, dict[str, Any]]:
+    """stage_params of a request that runs `long_tokens` text tokens: ``ignore_eos`` alone still stops at
+    the generation config's other stop tokens, which random weights emit early; ``min_tokens`` does not."""
+    n = served.long_tokens
+    return {served.text_stage: {"max_tokens": n, "min_tokens": n, "ignore_eos": True}}
 
 
 def _headers(server: LiveServer) -> dict[str, str]:
@@ -564,7 +575,7 @@ def test_client_disconnect_cancels_in_every_stage(process_server: LiveServer, se
     url, headers = process_server.url, _headers(process_server)
     # Long enough to be still running when the client leaves; how long it takes when left alone
     # shows whether the stages stopped early or merely finished.
-    long = {served.text_stage: {"max_tokens": 200, "ignore_eos": True}}
+    long = _long(served)
     body = _chat_body(served, stream=True, modalities=list(served.modalities), stage_params=long)
     started = time.monotonic()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120) as response:
@@ -596,7 +607,7 @@ def test_non_streaming_client_disconnect_cancels_in_every_stage(process_server: 
     """A client that waits for the whole answer and hangs up first: the request stops in every
     stage instead of running to its end for nobody."""
     url, headers = process_server.url, _headers(process_server)
-    long = {served.text_stage: {"max_tokens": 200, "ignore_eos": True}}
+    long = _long(served)
     body = _chat_body(served, modalities=list(served.modalities), stage_params=long)
     started = time.monotonic()
     assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code == 200
@@ -641,7 +652,7 @@ def test_sigkilled_stage_fails_its_requests_then_serves_again(process_server: Li
     within 5 s the stream carries an error event and closes, the other gets a 5xx OpenAI error
     body; the stage is restarted and the next request succeeds."""
     url, headers = process_server.url, _headers(process_server)
-    long = {served.text_stage: {"max_tokens": 200, "ignore_eos": True}}
+    long = _long(served)
     outcome: dict[str, Any] = {}
     streaming = threading.Event()
 
