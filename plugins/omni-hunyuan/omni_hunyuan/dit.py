@@ -61,8 +61,8 @@ class _State:
 class HunyuanDiT(DiffusionModel):
     """Text -> image with HunyuanImage-3.0's own transformer; stage params ``seed``, ``size``
     ([width, height]), ``n`` (images, seeds ``seed``, ``seed + 1``, ...; one text-prefix encoding),
-    ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config), ``reuse_prefix_kv`` (after think/recaption: start from the ``ar`` stage's keys/values; default
-    true) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
+    ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config), ``reuse_prefix_kv``
+    (after think/recaption: start from the ``ar`` stage's keys/values; default true) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
 
     max_steps = 1000  # (flow-matching Euler steps: no scheduler limit; bounds a request's cost)
     request_params = frozenset({"seed", "n", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv"})

@@ -57,7 +57,7 @@ class ImageRowsMask:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``q [B, heads, 1 + image, dim]``, ``k``/``v`` ``[B, kv_heads, padded + 1 + image, dim]``."""
-        out = torch.empty_like(q)
+        out = None
         groups: dict[int, list[int]] = {}
         for row, length in enumerate(self.lengths):
             groups.setdefault(length, []).append(row)
@@ -73,7 +73,9 @@ class ImageRowsMask:
             part = torch.cat([step, image], dim=2)
             if whole:
                 return part
+            out = torch.empty_like(q) if out is None else out
             out.index_copy_(0, index, part)
+        assert out is not None
         return out
 
 

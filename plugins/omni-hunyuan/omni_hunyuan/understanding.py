@@ -21,7 +21,7 @@ One image becomes, where its ``<img>`` placeholder stood in the prompt::
 This is how vLLM-Omni's HunyuanImage-3.0 model builds its i2t inputs (FAMILIES.md 2.2-2.3); the
 Instruct template puts the images after ``User: `` (`i2t_prompt_ids`). Torch, transformers and
 diffusers only: the ``ar`` stage's vLLM model (`omni_hunyuan.vllm_model`) and the torch reference
-(`understand_greedy`) share it.
+(`layout`, then `HunyuanImage3.greedy` with its ``prompt``) share it.
 """
 
 from __future__ import annotations
@@ -201,20 +201,18 @@ class ImageEncoder(nn.Module):
     @classmethod
     def from_pretrained(cls, model_path: str | Path, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> ImageEncoder:
         """The encoder with the checkpoint's weights: the VAE in fp32, the rest in `dtype`."""
-        from omni_hunyuan.vae import VAE_PREFIX, release_to_diffusers_key
+        from omni_hunyuan.vae import load_vae
         from omni_hunyuan.weights import read_tensors
 
         encoder = cls(HunyuanConfig.from_pretrained(model_path))
-        state = {}
-        for key, tensor in read_tensors(model_path, ENCODER_PREFIXES).items():
-            state[f"vae.{release_to_diffusers_key(key[len(VAE_PREFIX):])}" if key.startswith(VAE_PREFIX) else key] = tensor
-        result = encoder.load_state_dict(state, strict=False)
-        if result.missing_keys or result.unexpected_keys:
-            raise ValueError(f"image encoder weights do not match: missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+        rest = tuple(prefix for prefix in ENCODER_PREFIXES if prefix != "vae.")
+        result = encoder.load_state_dict(read_tensors(model_path, rest), strict=False)
+        missing = [key for key in result.missing_keys if not key.startswith("vae.")]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"image encoder weights do not match: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+        encoder.vae = load_vae(model_path, encoder.config.vae, device=str(device))  # fp32
         for name, module in encoder.named_children():
-            if name == "vae":
-                module.to(device=device)  # fp32, as built
-            else:
+            if name != "vae":
                 module.to(device=device, dtype=dtype)
         return encoder.eval()
 

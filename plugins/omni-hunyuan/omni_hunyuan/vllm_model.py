@@ -335,8 +335,6 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
         self.encoder = ImageEncoder(self.config)
         self.encoder.vae.decoder = None  # encoding only (its weights are skipped on load)
         self.tokenizer_path = vllm_config.model_config.tokenizer
-        self._timestep_id: int | None = None
-        self._separator_id: int | None = None
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
@@ -345,23 +343,19 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
     def get_language_model(self) -> nn.Module:
         return self
 
-    def _ids(self) -> tuple[int, int]:
-        """``<timestep>`` and ``<joint_img_sep>`` ids (from the tokenizer the processor reads)."""
-        if self._timestep_id is None:
-            from transformers import AutoTokenizer
+    @functools.cached_property
+    def special_tokens(self) -> SpecialTokens:
+        """The checkpoint's special token ids (``<timestep>``, ``<joint_img_sep>``), as the processor reads them."""
+        from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-            self._timestep_id = int(tokenizer.convert_tokens_to_ids("<timestep>"))
-            self._separator_id = int(tokenizer.convert_tokens_to_ids("<joint_img_sep>"))
-        return self._timestep_id, self._separator_id  # type: ignore[return-value]
+        return SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(self.tokenizer_path), self.config.image_base_size)
 
     def embed_multimodal(self, **kwargs: object) -> tuple[torch.Tensor, ...]:
         """Each image's embedded run (`ImageEncoder.embed`: VAE slots, separator, ViT slots)."""
         pixels = kwargs.get("vae_pixels")
         if pixels is None:
             return ()
-        _, separator_id = self._ids()
-        separator = self.model.wte(torch.tensor([separator_id], device=self.model.wte.weight.device))[0]
+        separator = self.model.wte(torch.tensor([self.special_tokens.joint_img_sep], device=self.model.wte.weight.device))[0]
         out = []
         for index in range(len(pixels)):  # type: ignore[arg-type]
             grid = kwargs["vit_grid"][index].tolist()  # type: ignore[index]
@@ -385,8 +379,7 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
         from vllm.model_executor.models.utils import _merge_multimodal_embeddings
 
         embeds = _merge_multimodal_embeddings(embeds, multimodal_embeddings, is_multimodal)
-        timestep_id, _ = self._ids()
-        is_timestep = input_ids == timestep_id
+        is_timestep = input_ids == self.special_tokens.timestep
         if bool(is_timestep.any()):
             embeds[is_timestep] = self.encoder.timestep_token().to(embeds.dtype)
         return embeds
@@ -417,14 +410,14 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
                     f"request {request_id}: an image block is computed in a later step than its prompt's start "
                     "(chunked prefill or a prefix-cache hit): the ar stage runs with both off (HunyuanAR.engine_args)"
                 )
-            run_start = inside[0]
-            for a, b in zip(inside, inside[1:] + [None]):
-                if b is None or b != a + 1 or int(marks[b]) != int(marks[a]):
-                    if position + a + 1 != int(marks[a]):
-                        raise RuntimeError(f"request {request_id}: an image block is split between steps (chunked prefill)")
-                    spans.append((start, start + run_start, start + a + 1))
-                    if b is not None:
-                        run_start = b
+            # With the prompt from its start in this batch, row i is sequence index i, and a span's rows
+            # all carry its end as their mark.
+            marks_inside = marks[inside].tolist()
+            for end_mark in sorted(set(marks_inside)):
+                rows = [row for row, mark in zip(inside, marks_inside) if mark == end_mark]
+                if rows[-1] + 1 != end_mark or len(rows) != end_mark - rows[0]:
+                    raise RuntimeError(f"request {request_id}: an image block is split between steps (chunked prefill)")
+                spans.append((start, start + rows[0], start + end_mark))
         return spans
 
     def forward(
