@@ -23,8 +23,10 @@ reference's (PSNR): the same weights, noise and schedule, so they differ only by
 
 FLOPs are the transformer's forward FLOPs per image: for every row (cond and uncond) and step, each
 layer's linears (fused qkv, o, top-k experts, the shared expert; the router is left out) over the
-``<timestep>`` and image tokens, and attention of those tokens to the prefix and to each other; the
-UNet embedder and head, the VAE and the text prefix are left out.
+``<timestep>`` and image tokens, attention of those tokens to the prefix and to each other, and the
+convolutions of the transformer's UNet patch embedder and head (``patch_embed``, ``final_layer``:
+~0.64 of a layer's FLOPs per image token; results before 2026-12-04's third session left them out);
+the VAE and the text prefix are left out.
 - *MFU* = images/s x model FLOPs per image / the measured bf16 matmul ceiling (wall time: everything
   a request costs is in the denominator).
 - *HFU* = the FLOPs each system executes: the reference runs the whole sequence (prefix, ``<timestep>``,
@@ -61,8 +63,10 @@ RELEASE = {
 GUIDANCE = 5.0
 
 
-def write_release_width(directory: Path, layers: int, device: str, seed: int = 0) -> None:
-    """A release-layout checkpoint with the released widths and `layers` layers (bf16; router fp32)."""
+def write_release_width(directory: Path, layers: int, device: str, seed: int = 0, spec: dict[str, Any] | None = None,
+                        dtype: str = "bfloat16") -> None:
+    """A release-layout checkpoint with the released widths (or `spec`'s) and `layers` layers (`dtype`;
+    router fp32)."""
     import torch
     from omni_hunyuan import tiny
     from omni_hunyuan.config import HunyuanConfig
@@ -72,21 +76,21 @@ def write_release_width(directory: Path, layers: int, device: str, seed: int = 0
     if (directory / "config.json").exists():
         return
     directory.mkdir(parents=True, exist_ok=True)
-    spec = {**RELEASE, "num_hidden_layers": layers}
+    spec = {**(spec or RELEASE), "num_hidden_layers": layers}
     tokenizer = tiny.tiny_tokenizer(spec["tokenizer_vocab"], spec["image_base_size"])
     config = tiny.release_config(spec, -(-len(tokenizer) // 64) * 64, tokenizer)
-    config["torch_dtype"] = "bfloat16"
+    config["torch_dtype"] = dtype
     with torch.device("meta"):
         shapes = {name: p.shape for name, p in HunyuanImage3(HunyuanConfig.from_dict(config)).named_parameters()}
     generator = torch.Generator(device).manual_seed(seed)
     groups: dict[str, dict[str, Any]] = {}
     for name, shape in sorted(shapes.items()):
         group = f"layer{int(name.split('.')[2]):03d}" if name.startswith("model.layers.") else "rest"
-        dtype = torch.float32 if ".mlp.gate." in name else torch.bfloat16
+        kind = torch.float32 if ".mlp.gate." in name else getattr(torch, dtype)
         if len(shape) == 1 and ("norm" in name or name.endswith(("in_layers.0.weight", "out_layers.0.weight", "model.1.0.weight"))):
-            tensor = torch.ones(shape, dtype=dtype)
+            tensor = torch.ones(shape, dtype=kind)
         else:
-            tensor = (torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 0.02).to(dtype).cpu()
+            tensor = (torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 0.02).to(kind).cpu()
         groups.setdefault(group, {})[name] = tensor
     groups["rest"].update({**tiny._vae_tensors(config, seed + 1), **tiny._vision_tensors(config, seed + 2)})
     weight_map, total = {}, 0
@@ -111,14 +115,25 @@ class Flops:
                                      + (config.moe_topk + config.num_shared_experts) * 3 * hidden * inter)
         self.heads_dim = heads * head
         self.layers, self.prefix, self.tokens, self.steps, self.rows = config.num_layers, prefix, side * side + 1, steps, rows
+        # The transformer's convolutional patch embedder (`UNetDown`) and head (`UNetUp`), per latent pixel:
+        # 3x3 convs latent->patch, patch->hidden, hidden->hidden, 1x1 skip patch->hidden; then
+        # hidden->patch, patch->patch, 1x1 skip hidden->patch, patch->latent.
+        latent, patch = config.latent_channels, config.patch_embed_hidden_dim
+        self.unet_per_pixel = 2 * (9 * (latent * patch + patch * hidden + hidden * hidden) + patch * hidden
+                                   + 9 * (hidden * patch + patch * patch + patch * latent) + hidden * patch)
+        self.pixels = side * side
 
     def attention(self, queries: int, keys: int) -> float:
         return 4.0 * queries * keys * self.heads_dim
 
+    def unet(self) -> float:
+        """The patch embedder and head of every row and step (both systems run them so)."""
+        return float(self.rows * self.steps * self.pixels * self.unet_per_pixel)
+
     def model(self) -> float:
-        """Credited: the new tokens of every step."""
+        """Credited: the new tokens of every step through the layers, and the UNet embedder and head."""
         per_row = self.tokens * self.linear_per_token + self.attention(self.tokens, self.prefix + self.tokens)
-        return float(self.layers * self.rows * self.steps * per_row)
+        return float(self.layers * self.rows * self.steps * per_row) + self.unet()
 
     def omni(self) -> float:
         """Executed by Omni: the prefix once (causal, half its attention), then `model`."""
@@ -129,7 +144,8 @@ class Flops:
         """Executed by the reference: the whole row (prefix, <timestep>, image, <eoi>) at every step,
         every token against every key (its mask blocks, its kernels still compute)."""
         whole = self.prefix + self.tokens + 1
-        return float(self.layers * self.rows * self.steps * (whole * self.linear_per_token + self.attention(whole, whole)))
+        layers = self.layers * self.rows * self.steps * (whole * self.linear_per_token + self.attention(whole, whole))
+        return float(layers) + self.unet()
 
 
 class Reference:
@@ -177,6 +193,13 @@ class Reference:
         shift = float(generation_defaults(model).get("flow_shift", 3.0))
         self.pipe = nemo_pipeline.HunyuanImage3Pipeline(self.transformer, self.vae, prompts, shift, torch.device(device))
         self.device = device
+        self.system = "nemo-automodel pipeline"
+
+    def compile(self) -> None:
+        """Each decoder block under `torch.compile` (its best setting when Omni's layers are compiled)."""
+        for block in self.transformer.model.layers.values():
+            block.compile()
+        self.system = "nemo-automodel pipeline, compiled"
 
     def run(self, requests: int, size: int, steps: int, memory: PeakMemory) -> Run:
         import torch
@@ -193,7 +216,7 @@ class Reference:
                 images.append(np.asarray(out.images[0]))
                 latencies.append(time.perf_counter() - began)
         synchronize(self.device)
-        return Run("nemo-automodel pipeline", 1, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
+        return Run(self.system, 1, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
 
     def close(self) -> None:
         self.pipe = self.transformer = self.vae = None
@@ -204,7 +227,7 @@ class Omni:
     runtime driven as the engine's worker drives it (add requests, step until each one's final chunk).
     t2i never reaches the ``ar`` stage, which needs vLLM (the GPU machine has none), so it is not built."""
 
-    def __init__(self, model: Path, device: str, dtype: str, max_num_seqs: int) -> None:
+    def __init__(self, model: Path, device: str, dtype: str, max_num_seqs: int, compile: bool = False) -> None:
         import attrs
         import omni_hunyuan.plugin
         from omni_core.config import resolve
@@ -213,6 +236,9 @@ class Omni:
 
         host = load_plugins(entry_points=(), extra_plugins=[omni_hunyuan.plugin])
         overrides = ["dit.placement=inline", f"dit.max_num_seqs={max_num_seqs}", f"dit.dtype={dtype}", f"dit.device={device}"]
+        if compile:
+            overrides.append("dit.compile=true")
+        self.system = "omni, compiled" if compile else "omni"
         pipeline = resolve(str(model), overrides=overrides, plugins=host)
         stage = pipeline.stage("dit")
         self.runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
@@ -247,7 +273,7 @@ class Omni:
                 images.append(done[i][0])
                 latencies.append(done[i][1] - (began - start if concurrency == 1 else 0.0))
         synchronize(self.device)
-        return Run("omni", concurrency, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
+        return Run(self.system, concurrency, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
 
     def close(self) -> None:
         self.runtime.close()
@@ -255,8 +281,9 @@ class Omni:
 
 def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceiling: float, weights_gib: float,
            psnrs: dict[str, list[float]]) -> str:
-    """The markdown table (median of the repeats, spread as min-max) and the reading."""
-    base = float(np.median([r.images_per_s for r in runs[0]]))
+    """The markdown table (median of the repeats, spread as min-max) and the reading. The reference
+    is the faster of its configurations (eager; compiled with ``--compile``)."""
+    base = max(float(np.median([r.images_per_s for r in config])) for config in runs if config[0].system.startswith("nemo"))
     lines = [
         f"## HunyuanImage-3.0 t2i, {args.preset}: {args.layers} layers"
         f"{' at the released widths' if args.preset == 'h200' else ''}, {args.size}x{args.size}, "
@@ -293,6 +320,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--requests", type=int, default=4, help="requests per configuration (and Omni's concurrency)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--compile", action="store_true",
+                        help="Omni's dit stage with compile: true; the reference is then also run with its blocks compiled")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
@@ -346,19 +375,29 @@ def main() -> None:
     reference.run(1, args.size, 2, memory)  # warm-up: kernels, allocator
     ref_runs = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
     expected = ref_runs[0].images
+    record(ref_runs)
+    if args.compile:
+        stamp = time.perf_counter()
+        reference.compile()
+        reference.run(args.requests, args.size, 2, memory)  # compiles (each prompt length: its sequence length)
+        print(f"reference compiled in {time.perf_counter() - stamp:.0f} s", flush=True)
+        config = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+        psnrs[f"{reference.system} c1"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+        record(config)
     reference.close()
     del reference
     gc.collect()
     torch.cuda.empty_cache() if args.device.startswith("cuda") else None
-    record(ref_runs)
 
     stamp = time.perf_counter()
-    omni = Omni(model, args.device, args.dtype, args.requests)
+    omni = Omni(model, args.device, args.dtype, args.requests, args.compile)
     print(f"omni loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
-    omni.run(1, 1, args.size, 2, memory)  # warm-up
     for concurrency in (1, args.requests):
+        stamp = time.perf_counter()
+        omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)
+        print(f"omni c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)
         config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-        psnrs[f"omni c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+        psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
         record(config)
     omni.close()
 

@@ -10,7 +10,7 @@ memory (no checkpoint), experts grouped as the ``dit`` stage runs them on CUDA. 
 text prefix of ``--prefix``, ``--prefix`` + 2, ... tokens (one length per request): the forward's time and MFU (credited FLOPs as `bench/hunyuan_image3.py`
 counts them), each part's time alone on the same shapes (attention with the padding mask, and
 without any, the MoE, the projections), and the kernels that took the most device time
-(`torch.profiler`). Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
+(`torch.profiler`; of the compiled forward with ``--compile``). Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=None, help="latent tokens per side (default: base size / 16)")
     parser.add_argument("--prefix", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also time the forward with compiled layer pieces (`compile_layers`), and profile that")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
 
@@ -96,6 +97,12 @@ def main() -> None:
         latents = torch.randn(rows, config.latent_channels, side, side, device=device, dtype=dtype)
         timestep = torch.full((rows,), 500.0, device=device)
         forward = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
+        compiled = difference = None
+        if args.compile:
+            eager = model.velocity(cache, latents, timestep).float()
+            model.compile_layers()
+            compiled = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
+            difference = float((model.velocity(cache, latents, timestep).float() - eager).abs().max() / eager.abs().max())
 
         # The parts alone, on one layer's shapes.
         tokens = 1 + side * side
@@ -117,6 +124,8 @@ def main() -> None:
             "attention, ImageRowsMask (as run)": timed(device, lambda: layout.attend(q, k, v), args.repeats),
             "attention, one unmasked call": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.repeats),
             "MoE (router, experts, shared)": timed(device, lambda: layer.mlp(hidden), args.repeats),
+            "UNet embedder and head, one forward": timed(device, lambda: model.final_layer(
+                model.patch_embed(latents, model.time_embed(timestep).to(dtype)), model.time_embed_2(timestep).to(dtype), side, side), args.repeats),
             "qkv + o projections": timed(device, lambda: layer.self_attn.o_proj(layer.self_attn.qkv_proj(hidden)[..., : config.num_heads * config.head_dim]), args.repeats),
         }
 
@@ -142,9 +151,15 @@ def main() -> None:
         "|---|---:|---:|",
         f"| forward (all layers, UNet in and out) | {forward * 1e3:.2f} | MFU {flops.model() / forward / ceiling:.1%} |",
     ]
+    if compiled is not None:
+        lines.append(f"| forward, compiled layer pieces | {compiled * 1e3:.2f} | MFU {flops.model() / compiled / ceiling:.1%} "
+                     f"(max diff / max: {difference:.1e}) |")
     per_layer = forward / args.layers
     for name, seconds in parts.items():
-        lines.append(f"| {name}, one layer | {seconds * 1e3:.2f} | {seconds / per_layer:.1%} |")
+        if name.endswith("one forward"):
+            lines.append(f"| {name} | {seconds * 1e3:.2f} | {seconds / forward:.1%} of the forward |")
+        else:
+            lines.append(f"| {name}, one layer | {seconds * 1e3:.2f} | {seconds / per_layer:.1%} |")
     text = "\n".join(lines) + ("\n\n```\n" + profile + "\n```\n" if profile else "\n")
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -734,3 +734,17 @@ def test_an_empty_override_unsets_a_setting_back_to_its_own_default(host, checkp
     assert {s.placement for s in resolved.stages} == {"process"}  # StageDeploy's default
     again = resolve(str(checkpoint), overrides=["thinker.max_num_seqs=", "thinker.max_num_seqs=6"], plugins=host)
     assert again.stage("thinker").options["max_num_seqs"] == 6  # a later value sets it again
+
+
+def test_share_model_with_is_checked_before_anything_starts(host, checkpoint):
+    """``share_model_with``: another stage of the pipeline, both inline (one process), as many
+    replicas on the same devices; anything else is refused at resolve, naming the key."""
+    shared = ["talker.share_model_with=thinker", "talker.replicas=2", "thinker.devices=[cpu]"]
+    assert resolve(str(checkpoint), overrides=shared, plugins=host).stage("talker").share_model_with == "thinker"
+    key = "stages.talker.share_model_with"
+    assert "not another stage" in str(reject(host, checkpoint, key, "talker.share_model_with=nobody"))
+    assert "not another stage" in str(reject(host, checkpoint, key, "talker.share_model_with=talker"))
+    assert "as many replicas" in str(reject(host, checkpoint, key, "talker.share_model_with=thinker"))
+    assert "'inline'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=process"))
+    mutual = reject(host, checkpoint, "stages.thinker.share_model_with", *shared, "thinker.share_model_with=talker")
+    assert "itself shares" in str(mutual)

@@ -161,6 +161,16 @@ class StageDeploy:
             "placement only."
         },
     )
+    share_model_with: str | None = attrs.field(
+        default=None,
+        metadata={
+            "doc": "Another stage whose loaded model this stage's runtime uses instead of loading its own copy (one "
+            "copy of weights two stages share, e.g. HunyuanImage-3.0's ``dit`` running its denoising forwards on the "
+            "modules its ``ar`` stage loaded on vLLM). Replica i of this stage waits for replica i of that one to "
+            "load, then takes what its runtime offers (`StageRuntime.shared_model`). Both stages ``inline`` (one "
+            "process), with as many replicas and the same devices; the model part must take it."
+        },
+    )
     ray: RayStageDeploy = attrs.field(
         factory=RayStageDeploy,
         metadata={"doc": "``ray`` placement only: the node (resources, labels) and reservations of each replica's actor."},

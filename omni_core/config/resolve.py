@@ -132,11 +132,13 @@ def resolve_pipeline(
                 watchdog_s=stage_deploy.watchdog_s,
                 keep_freed_memory=stage_deploy.keep_freed_memory,
                 kernel_cache=stage_deploy.kernel_cache,
+                share_model_with=stage_deploy.share_model_with,
                 quantization=_resolve_quantization(spec, options, plugins),
                 options=options,
             )
         )
     _check_engines_per_process(stages)
+    _check_shared_models(stages)
     for stage in stages:  # what each runtime refuses of the resolved stage (`StageRuntime.check_resolved`)
         check = getattr(load_ref(stage.runtime_ref), "check_resolved", None)
         if check is not None:
@@ -162,6 +164,40 @@ def resolve_pipeline(
             if stage.placement_ref is not None
         },
     )
+
+
+def _check_shared_models(stages: list[ResolvedStage]) -> None:
+    """`StageDeploy.share_model_with`: the stage exists, is another one, and both run in one process
+    (``inline``) with as many replicas on the same devices."""
+    by_name = {stage.name: stage for stage in stages}
+    for stage in stages:
+        host_name = stage.share_model_with
+        if host_name is None:
+            continue
+        key = f"stages.{stage.name}.share_model_with"
+        host = by_name.get(host_name)
+        if host is None or host is stage:
+            raise ConfigError(
+                f"stage {stage.name!r} shares the model of {host_name!r}, which is not another stage of this pipeline "
+                f"({', '.join(by_name)})",
+                key=key,
+            )
+        if host.share_model_with is not None:
+            raise ConfigError(f"stage {host_name!r} itself shares {host.share_model_with!r}'s model: share that one", key=key)
+        if stage.placement != "inline" or host.placement != "inline":
+            raise ConfigError(
+                f"stages {host_name!r} and {stage.name!r} share one model, so they must run in one process: set both "
+                f"placements to 'inline' (they are {host.placement!r} and {stage.placement!r}; co-locating them in a "
+                "worker process of their own is not built)",
+                key=key,
+            )
+        if stage.replicas != host.replicas or stage.devices != host.devices:
+            raise ConfigError(
+                f"stages {host_name!r} and {stage.name!r} share one model: give them as many replicas and the same "
+                f"devices (replica i of one uses replica i's model), not {host.replicas} on {list(host.devices)} "
+                f"and {stage.replicas} on {list(stage.devices)}",
+                key=key,
+            )
 
 
 def _placement_options(placement_ref: str, stage_deploy: StageDeploy, stage: str) -> dict[str, Any]:

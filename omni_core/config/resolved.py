@@ -57,6 +57,8 @@ class ResolvedStage:
     watchdog_s: float | None = 300.0
     keep_freed_memory: bool = True
     kernel_cache: int | None = 128
+    # The stage whose loaded model this one's runtime uses (`StageDeploy.share_model_with`).
+    share_model_with: str | None = None
     # What the registered resolver of the `quantization` option returned for this stage's kind
     # (vLLM engine arguments for `ar`, a linear-swap spec for `diffusion`): resolved once, at
     # resolve time, so workers import no resolver.

@@ -33,7 +33,9 @@ class ReplicaContext:
       `loop`, e.g. with ``loop.call_soon_threadsafe``);
     - `local_connectors`: the engine's own connector instances by key, for a replica in the
       engine's process (in-process connectors only work there); others build their own;
-    - `session`: what the placement's `Replica.open_session` returned for this engine.
+    - `session`: what the placement's `Replica.open_session` returned for this engine;
+    - `shared_models`: the engine's `omni_core.runtime.shared_models.SharedModels`, through which
+      stages that share a loaded model (``share_model_with``, inline only) hand it over.
     """
 
     pipeline: ResolvedPipeline
@@ -43,6 +45,7 @@ class ReplicaContext:
     loop: asyncio.AbstractEventLoop
     local_connectors: dict[str, Connector] = attrs.field(factory=dict)
     session: Any = None
+    shared_models: Any = None
 
 
 class Replica(abc.ABC):

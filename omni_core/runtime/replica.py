@@ -73,7 +73,8 @@ class InlineReplica(Replica):
         stage, index, loop, on_message = context.stage, context.index, context.loop, context.on_message
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.worker = StageWorker(
-            context.pipeline, stage, index, context.local_connectors, lambda msg: loop.call_soon_threadsafe(on_message, msg)
+            context.pipeline, stage, index, context.local_connectors, lambda msg: loop.call_soon_threadsafe(on_message, msg),
+            shared_models=context.shared_models,
         )
         self._on_message = on_message
         self._loop = loop

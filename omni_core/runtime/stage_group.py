@@ -15,6 +15,7 @@ from omni_core.errors import ConfigError, StageError
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
 from omni_core.runtime.placement import Replica, ReplicaContext
+from omni_core.runtime.shared_models import SharedModels
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class StageGroup:
         max_restarts: int = MAX_RESTARTS,
         session: Any = None,
         restart_window_s: float = RESTART_WINDOW_S,
+        shared_models: SharedModels | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -51,6 +53,7 @@ class StageGroup:
         self._loop = loop
         self._inline_connectors = inline_connectors
         self._session = session  # the placement's, for this engine (`Replica.open_session`)
+        self._shared_models = shared_models  # the engine's (``share_model_with``)
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.restarts = [0] * stage.replicas  # in all, for health
@@ -75,7 +78,9 @@ class StageGroup:
                 key=f"stages.{self.name}.placement",
             )
         on_message = lambda message, i=index: self._on_message(i, message)  # noqa: E731
-        context = ReplicaContext(self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors, self._session)
+        context = ReplicaContext(
+            self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors, self._session, self._shared_models
+        )
         replica = load_ref(self.stage.placement_ref)(context)
         if not isinstance(replica, Replica):
             raise ConfigError(

@@ -18,13 +18,14 @@ import attrs
 
 from omni_core.config.resolved import ResolvedEdge, ResolvedPipeline, ResolvedStage
 from omni_core.connectors.base import Connector
-from omni_core.errors import InvalidRequestError
+from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, OutputAdapter, PartContext, PassThroughAdapter, build_part
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
 from omni_core.runtime.allocator import running_allocator
 from omni_core.runtime.replica import KERNEL_CACHE_ENV
+from omni_core.runtime.shared_models import SharedModels
 from omni_core.stages.base import StageRuntime
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class StageWorker:
         connectors: dict[str, Connector],
         send: Callable[[Any], None],
         batch: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+        shared_models: SharedModels | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -99,6 +101,11 @@ class StageWorker:
         self.requests: dict[str, _RequestState] = {}
         self.allocator = running_allocator()  # (in an inline worker: the engine's process's)
         self.runtime: StageRuntime | None = None
+        self.shared_models = shared_models
+        # Whether another stage runs on this one's loaded model (``share_model_with``).
+        self.shares_out = any(other.share_model_with == stage.name for other in pipeline.stages)
+        if (self.shares_out or stage.share_model_with) and shared_models is None:
+            raise StageError(stage.name, "share_model_with needs the engine's SharedModels (inline placement)")
 
     def _edge_adapter(self, edge: ResolvedEdge) -> EdgeAdapter:
         context = PartContext(self.pipeline, self.stage, edge, self.replica)
@@ -109,9 +116,28 @@ class StageWorker:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def load(self) -> None:
-        runtime_cls = load_ref(self.stage.runtime_ref)
-        runtime = runtime_cls(self.pipeline, self.stage, self.replica)
-        runtime.load(lambda description, fraction: self.send(m.Progress(description, fraction)))
+        if self.shares_out:  # a stage loading from now on waits for this load's outcome
+            assert self.shared_models is not None
+            self.shared_models.withdraw(self.stage.name, self.replica)
+        try:
+            runtime_cls = load_ref(self.stage.runtime_ref)
+            runtime = runtime_cls(self.pipeline, self.stage, self.replica)
+            if self.stage.share_model_with is not None:
+                assert self.shared_models is not None
+                self.send(m.Progress(f"waiting for stage {self.stage.share_model_with!r} to load the model it shares", 0.0))
+                runtime.shared = self.shared_models.wait(self.stage.share_model_with, self.replica)
+            runtime.load(lambda description, fraction: self.send(m.Progress(description, fraction)))
+            if self.shares_out:
+                shared = runtime.shared_model()
+                if shared is None:
+                    raise StageError(self.stage.name, f"its {self.stage.kind!r} runtime has no model to share")
+                assert self.shared_models is not None
+                self.shared_models.publish(self.stage.name, self.replica, shared)
+        except BaseException as exc:
+            if self.shares_out:  # whoever waits for this model must not wait forever
+                assert self.shared_models is not None
+                self.shared_models.publish(self.stage.name, self.replica, error=f"{type(exc).__name__}: {exc}")
+            raise
         self.runtime = runtime
         self.send(m.Ready(os.getpid()))
 
@@ -141,6 +167,9 @@ class StageWorker:
     def close(self) -> None:
         for request_id in list(self.requests):
             self._forget(request_id)
+        if self.shares_out:
+            assert self.shared_models is not None
+            self.shared_models.withdraw(self.stage.name, self.replica)
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None

@@ -183,6 +183,14 @@ class ARStageRuntime(StageRuntime):
         args["dtype"] = resolve_dtype(args["dtype"], args["model"])
         return args
 
+    def shared_model(self) -> Any:
+        """The `torch.nn.Module` vLLM loaded (rank 0's, in this process): a stage deployed with
+        ``share_model_with`` runs on its weights (`vllm_bridge.loaded_model`)."""
+        from omni_core.stages import vllm_bridge
+
+        assert self.engine is not None
+        return vllm_bridge.loaded_model(self.engine)
+
     def close(self) -> None:
         if self.engine is not None:
             from omni_core.stages import vllm_bridge

@@ -80,6 +80,9 @@ class StageRuntime(abc.ABC):
 
         self.options = structure_config(stage.options, self.Options)
         self.streaming = pipeline.streaming
+        # What the stage named by ``share_model_with`` offers (its runtime's `shared_model`): set by
+        # the worker before `load`, None when this stage loads its own model.
+        self.shared: Any = None
 
     @abc.abstractmethod
     def load(self, progress: ProgressCallback | None = None) -> None:
@@ -112,6 +115,12 @@ class StageRuntime(abc.ABC):
 
     def close(self) -> None:
         """Release the engine and its memory."""
+
+    def shared_model(self) -> Any:
+        """What this replica's loaded model offers a stage that shares it (``share_model_with``),
+        e.g. the modules holding its weights; the sharing stage's model part receives it (the
+        diffusion runtime's `LoadSpec.shared_model`). None: this kind shares nothing."""
+        return None
 
     def health_stats(self) -> dict[str, Any]:
         """What this replica adds to its ``/health`` entry (plain JSON values)."""

@@ -181,8 +181,15 @@ class DiffusionStageRuntime(StageRuntime):
             vae_tile=self.options.vae_tile,
             compile=self.options.compile,
             cuda_graphs=self.options.cuda_graphs,
+            shared_model=self.shared,
         )
         parallel = self.options.parallel
+        if parallel.world_size > 1 and self.shared is not None:
+            raise ConfigError(
+                f"stage {self.stage.name!r}: share_model_with runs on another stage's model in this process; it cannot "
+                "span ranks (parallel)",
+                key=f"stages.{self.stage.name}.share_model_with",
+            )
         if parallel.world_size > 1:
             explicit = getattr(self.options, "device", None)
             devices = rank_devices(self.stage.devices, parallel.world_size, cuda=spec.device.startswith("cuda"))

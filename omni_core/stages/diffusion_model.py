@@ -66,6 +66,10 @@ class LoadSpec:
       (`omni_core.stages.cuda_graphs`); ignored off CUDA.
     - `parallel`: this rank's place in a replica that spans several devices and the collectives
       to split a step with (`omni_core.stages.diffusion_parallel`); `SINGLE` for one device.
+    - `shared_model`: with ``share_model_with``, what the other stage's runtime offers
+      (`omni_core.stages.base.StageRuntime.shared_model`, e.g. the modules its vLLM engine loaded)
+      for the model part to run on instead of loading those weights again; ``None`` otherwise. A
+      model part that cannot use it must refuse it (`omni_core.errors.ConfigError`).
     """
 
     device: str
@@ -76,6 +80,7 @@ class LoadSpec:
     compile: bool = False
     cuda_graphs: bool = False
     parallel: Parallel = SINGLE
+    shared_model: Any = None
 
 
 class DiffusionModel(Part, abc.ABC):

@@ -77,7 +77,10 @@ class HunyuanDiT(DiffusionModel):
         self.config = HunyuanConfig.from_pretrained(path)
         self.defaults = generation_defaults(path)
         self.device = spec.device
-        self.transformer = load_transformer(path, device=spec.device, dtype=getattr(torch, spec.dtype))
+        # With share_model_with: ar, the decoder runs on the modules the ar stage's vLLM engine loaded.
+        self.transformer = load_transformer(path, device=spec.device, dtype=getattr(torch, spec.dtype), backbone=spec.shared_model)
+        if spec.compile:
+            self.transformer.compile_layers()
         self.vae = load_vae(path, self.config.vae, device=spec.device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, self.config.image_base_size)

@@ -8,6 +8,7 @@ keep their ``[up; gate]`` rows and the router its fp32 ``gate.wg``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -101,20 +102,9 @@ class Attention(nn.Module):
             self.query_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.key_layernorm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | ImageRowsMask,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Attend the new tokens ``x [B, S, H]`` to ``past`` keys/values plus their own.
-
-        `mask` is boolean ``[B, 1, S, past + S]``, true where a query may see a key, or the layout
-        of a denoising forward (`ImageRowsMask`). Returns the output
-        and the keys/values of past + new tokens (rotated and normalised: what a cache keeps).
-        """
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values ``[B, heads, S, head_dim]`` of (normed) ``x [B, S, H]``: rotated, then
+        QK-normed, in `x`'s dtype."""
         batch, seq, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, seq, self.num_kv_heads, self.group + 2, self.head_dim)
         q = qkv[:, :, :, : self.group].reshape(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
@@ -125,17 +115,50 @@ class Attention(nn.Module):
         if self.use_qk_norm:
             q = self.query_layernorm(q)
             k = self.key_layernorm(k)
-        q = q.to(v.dtype)
-        k = k.to(v.dtype)
+        return q.to(v.dtype), k.to(v.dtype), v
+
+    @staticmethod
+    def attend(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | ImageRowsMask,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Attention of the new tokens to `past` keys/values plus their own: the output ``[B, heads, S,
+        head_dim]`` and the keys/values of past + new tokens (what a cache keeps).
+
+        `mask` is boolean ``[B, 1, S, past + S]``, true where a query may see a key, or the layout
+        of a denoising forward (`ImageRowsMask`)."""
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         if isinstance(mask, ImageRowsMask):
-            out = mask.attend(q, k, v)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        out = out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim)
-        return self.o_proj(out), (k, v)
+            return mask.attend(q, k, v), (k, v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), (k, v)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """``o_proj`` of the attention output ``[B, heads, S, head_dim]``: ``[B, S, H]``."""
+        batch, _, seq, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | ImageRowsMask,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Attend the new tokens ``x [B, S, H]`` (`attend`); the projected output and the cache."""
+        out, cache = self.attend(*self.project(x, cos, sin), mask, past)
+        return self.output(out), cache
+
+
+def swiglu(fused: torch.Tensor) -> torch.Tensor:
+    """``up * silu(gate)`` of a fused ``[..., 2I]`` projection whose halves are ``[up; gate]``."""
+    up, gate = fused.chunk(2, dim=-1)
+    return up * F.silu(gate)
 
 
 class MLP(nn.Module):
@@ -146,9 +169,8 @@ class MLP(nn.Module):
         self.gate_and_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up, gate = self.gate_and_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(up * F.silu(gate))
+    def forward(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor] = swiglu) -> torch.Tensor:
+        return self.down_proj(act(self.gate_and_up_proj(x)))
 
 
 class Router(nn.Module):
@@ -197,41 +219,125 @@ class MoE(nn.Module):
         self.grouped_down = nn.Parameter(down, requires_grad=False)
         self.grouped = True
 
-    def _grouped(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        up_weight, down_weight = self.grouped_up, self.grouped_down
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top-k expert weights (renormalised if configured) and expert indexes ``[T, k]``."""
+        weights, chosen = torch.topk(self.gate(tokens), self.topk, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, chosen
+
+    def grouped_experts(
+        self, tokens: torch.Tensor, chosen: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor] = swiglu
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routed experts' outputs ``[T*k, H]`` in expert order, and the inverse permutation that
+        brings them back to (token, slot) order (`weigh_slots`)."""
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order
-        rows = order // self.topk
-        ends = torch.bincount(flat, minlength=up_weight.shape[0]).cumsum(0).to(torch.int32)
-        hidden = torch._grouped_mm(tokens.index_select(0, rows), up_weight.transpose(1, 2), offs=ends)
-        up, gate = hidden.chunk(2, dim=-1)
-        out = torch._grouped_mm(up * F.silu(gate), down_weight.transpose(1, 2), offs=ends)
-        # Back to (token, slot) order with a gather by the inverse permutation (a scatter's indexed
-        # writes cost ~4x as much on CUDA), then each token's k slots weighed and summed in one batched
-        # matmul: no atomic adds (index_add_ of bf16 rows), fp32 accumulation.
+        ends = torch.bincount(flat, minlength=self.grouped_up.shape[0]).cumsum(0).to(torch.int32)
+        hidden = torch._grouped_mm(tokens.index_select(0, order // self.topk), self.grouped_up.transpose(1, 2), offs=ends)
+        out = torch._grouped_mm(act(hidden), self.grouped_down.transpose(1, 2), offs=ends)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
-        slots = out.index_select(0, inverse).view(tokens.shape[0], self.topk, -1)
-        return torch.bmm(weights.to(slots.dtype).unsqueeze(1), slots).squeeze(1)
+        return out, inverse
+
+    def looped_experts(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum ``[T, H]``, one expert at a time (the ungrouped experts)."""
+        routed = torch.zeros_like(tokens)
+        # Only the experts some token picked run; each sees just its tokens (a gather, not a dense pass).
+        for expert in chosen.unique().tolist():
+            rows, slot = (chosen == expert).nonzero(as_tuple=True)
+            out = self.experts[expert](tokens[rows]) * weights[rows, slot, None].to(tokens.dtype)
+            routed.index_add_(0, rows, out)
+        return routed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        weights, chosen = torch.topk(self.gate(tokens), self.topk, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, chosen = self.route(tokens)
         if self.grouped:
-            routed = self._grouped(tokens, weights, chosen)
+            routed = weigh_slots(*self.grouped_experts(tokens, chosen), weights)
         else:
-            routed = torch.zeros_like(tokens)
-            # Only the experts some token picked run; each sees just its tokens (a gather, not a dense pass).
-            for expert in chosen.unique().tolist():
-                rows, slot = (chosen == expert).nonzero(as_tuple=True)
-                out = self.experts[expert](tokens[rows]) * weights[rows, slot, None].to(tokens.dtype)
-                routed.index_add_(0, rows, out)
+            routed = self.looped_experts(tokens, weights, chosen)
         if self.shared_mlp is not None:
             routed = routed + self.shared_mlp(tokens)
         return routed.reshape(shape)
+
+
+def weigh_slots(out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each token's k expert outputs (`MoE.grouped_experts`) weighed and summed: ``[T, H]``.
+
+    A gather by the inverse permutation (a scatter's indexed writes cost ~4x as much on CUDA), then
+    the k slots weighed and summed in one batched matmul: no atomic adds, fp32 accumulation."""
+    slots = out.index_select(0, inverse).view(weights.shape[0], weights.shape[1], -1)
+    return torch.bmm(weights.to(slots.dtype).unsqueeze(1), slots).squeeze(1)
+
+
+def layer_qkv(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A layer up to attention: input norm, fused qkv, RoPE, QK norm."""
+    return layer.self_attn.project(layer.input_layernorm(x), cos, sin)
+
+
+def layer_route(layer: DecoderLayer, x: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A layer from attention to its experts: ``o_proj`` and the residual, the MoE's norm and router.
+    Returns the residual stream ``[B, S, H]``, the normed tokens ``[T, H]`` and the routing (`MoE.route`)."""
+    x = x + layer.self_attn.output(out)
+    tokens = layer.post_attention_layernorm(x).reshape(-1, x.shape[-1])
+    return (x, tokens, *layer.mlp.route(tokens))
+
+
+def layer_combine(
+    x: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor | None
+) -> torch.Tensor:
+    """A grouped MoE layer's end: ``x + (weigh_slots(...) + shared)``."""
+    routed = weigh_slots(out, inverse, weights)
+    if shared is not None:
+        routed = routed + shared
+    return x + routed.view(x.shape)
+
+
+def layer_combine_fused(
+    x: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor, shared: torch.Tensor | None
+) -> torch.Tensor:
+    """`layer_combine` written for `torch.compile`: one pointwise pass over the output in which each
+    element gathers its token's k expert rows (contiguous loads), weighs them in fp32 and adds the
+    shared expert and the residual (no gathered copy, no bmm)."""
+    slot = inverse.view(weights.shape)
+    routed = out[slot[:, 0]].float() * weights[:, :1]
+    for k in range(1, weights.shape[1]):
+        routed = routed + out[slot[:, k]].float() * weights[:, k : k + 1]
+    routed = routed.to(x.dtype)
+    if shared is not None:
+        routed = routed + shared
+    return x + routed.view(x.shape)
+
+
+@attrs.frozen
+class LayerKernels:
+    """The attention-free pieces of a decoder layer, eager or compiled with `torch.compile`.
+
+    Compiling fuses what surrounds the matrix products into few passes: the norms, RoPE and QK norm
+    (fp32 elementwise work), the residual adds, the router's softmax and top-k, SwiGLU's
+    ``up * silu(gate)``, and the MoE's gather-weigh-sum of each token's k expert outputs. Attention
+    and the grouped expert GEMMs stay eager (their routing has data-dependent sizes). The pieces take
+    the layer as an argument, so one compiled graph serves every layer.
+    """
+
+    qkv: Callable[..., tuple[torch.Tensor, ...]] = layer_qkv
+    route: Callable[..., tuple[torch.Tensor, ...]] = layer_route
+    act: Callable[[torch.Tensor], torch.Tensor] = swiglu
+    combine: Callable[..., torch.Tensor] = layer_combine
+
+    @classmethod
+    def compiled(cls) -> LayerKernels:
+        return cls(
+            torch.compile(layer_qkv, dynamic=None),
+            torch.compile(layer_route, dynamic=None),
+            torch.compile(swiglu, dynamic=None),
+            torch.compile(layer_combine_fused, dynamic=None),
+        )
+
+
+EAGER = LayerKernels()
 
 
 class DecoderLayer(nn.Module):
@@ -251,10 +357,22 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         mask: torch.Tensor | ImageRowsMask,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kernels: LayerKernels | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attended, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
-        x = x + attended
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+        """The layer's output for new tokens ``x`` and its keys/values of past + new tokens; `kernels`
+        (`LayerKernels`) run the pieces around attention and the experts."""
+        kernels = EAGER if kernels is None else kernels
+        q, k, v = kernels.qkv(self, x, cos, sin)
+        out, cache = self.self_attn.attend(q, k, v, mask, past)
+        x, tokens, weights, chosen = kernels.route(self, x, out)
+        moe = self.mlp
+        shared = None if moe.shared_mlp is None else moe.shared_mlp(tokens, kernels.act)
+        if moe.grouped:
+            return kernels.combine(x, *moe.grouped_experts(tokens, chosen, kernels.act), weights, shared), cache
+        routed = moe.looped_experts(tokens, weights, chosen)
+        if shared is not None:
+            routed = routed + shared
+        return x + routed.view(x.shape), cache
 
 
 def timestep_features(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:

@@ -20,8 +20,10 @@ from torch import nn
 from omni_core.stages import diffusion_cache
 from omni_hunyuan.config import HunyuanConfig
 from omni_hunyuan.layers import (
+    EAGER,
     DecoderLayer,
     ImageRowsMask,
+    LayerKernels,
     RMSNorm,
     TimestepEmbedder,
     UNetDown,
@@ -103,11 +105,22 @@ class HunyuanImage3(nn.Module):
         self.time_embed_2 = TimestepEmbedder(hidden)  # conditions UNetUp
         self.patch_embed = UNetDown(latent, hidden, patch_hidden)
         self.final_layer = UNetUp(latent, hidden, patch_hidden)
+        self.kernels = EAGER  # what runs a denoising forward's layers (`compile_layers`)
+
+    def compile_layers(self) -> None:
+        """Denoising forwards run the layers' pieces around attention and the experts compiled with
+        `torch.compile` (`LayerKernels`), and the UNet embedder and head compiled whole (their norms,
+        activations and modulation fused around the convolutions); text forwards stay eager (their
+        lengths vary per request)."""
+        self.kernels = LayerKernels.compiled()
+        self.patch_embed.compile(dynamic=None)
+        self.final_layer.compile(dynamic=None)
 
     # -- the decoder over new tokens, given what is cached -------------------------------------------
 
     def _run(
-        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ImageRowsMask, past: PrefixCache | None
+        self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ImageRowsMask, past: PrefixCache | None,
+        kernels: LayerKernels = EAGER,
     ) -> tuple[torch.Tensor, tuple[KV, ...]]:
         """Hidden states (before ``ln_f``) of new tokens, and the caches of past + new tokens."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
@@ -116,7 +129,7 @@ class HunyuanImage3(nn.Module):
         hidden = embeds
         caches = []
         for index, layer in enumerate(self.model.layers):
-            hidden, cache = layer(hidden, cos, sin, mask, None if past is None else past.layers[index])
+            hidden, cache = layer(hidden, cos, sin, mask, None if past is None else past.layers[index], kernels)
             caches.append(cache)
         return hidden, tuple(caches)
 
@@ -215,7 +228,7 @@ class HunyuanImage3(nn.Module):
             assert steps is not None and totals is not None
             hidden = self._cached_run(embeds, positions, mask, prefix, cache_rows, steps, totals)
         else:
-            hidden, _ = self._run(embeds, positions, mask, prefix)
+            hidden, _ = self._run(embeds, positions, mask, prefix, self.kernels)
         return self.final_layer(hidden[:, 1:], self.time_embed_2(timestep).to(dtype), height, width)
 
     def _cached_run(
@@ -225,7 +238,7 @@ class HunyuanImage3(nn.Module):
         """`_run` with first-block caching (see `velocity`); the hidden states of every row."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         layers = self.model.layers
-        first, _ = layers[0](embeds, cos, sin, mask, prefix.layers[0])
+        first, _ = layers[0](embeds, cos, sin, mask, prefix.layers[0], self.kernels)
         signal = first - embeds
         compute = diffusion_cache.decide(cache_rows, signal, steps, totals)
         out = first.clone()
@@ -237,7 +250,7 @@ class HunyuanImage3(nn.Module):
             for number, layer in enumerate(layers[1:], start=1):
                 keys, values = prefix.layers[number]
                 past = (keys.index_select(0, rows), values.index_select(0, rows))
-                hidden, _ = layer(hidden, sub_cos, sub_sin, sub_mask, past)
+                hidden, _ = layer(hidden, sub_cos, sub_sin, sub_mask, past, self.kernels)
             out.index_copy_(0, rows, hidden)
         reused = [i for i, c in enumerate(compute) if not c]
         if reused:

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from omni_core.errors import ConfigError
 from omni_hunyuan.config import HunyuanConfig
 from omni_hunyuan.transformer import HunyuanImage3
 
@@ -59,28 +61,73 @@ def read_tensors(
     return tensors
 
 
-def load_transformer(model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HunyuanImage3:
+def load_transformer(
+    model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, backbone: nn.Module | None = None
+) -> HunyuanImage3:
     """The transformer from any release-layout checkpoint, strictly (a missing or extra key is an error).
 
     The router stays fp32 whatever `dtype` is, as in the release. On CUDA in bfloat16 the experts are
     stacked for grouped GEMMs (`MoE.group_experts`).
+
+    `backbone`: the ``ar`` stage's loaded vLLM model (`omni_hunyuan.vllm_model.HunyuanImage3ForVLLM`,
+    handed over by ``share_model_with``). Its decoder modules (embedding, layers, final norm) become
+    this transformer's, so the weights exist once; only what the text model lacks (the timestep
+    embedders, the UNet embedder and head, the LM head) is read from the checkpoint. Its experts are
+    then not regrouped: the text model runs on them as they are.
     """
     config = HunyuanConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = HunyuanImage3(config)
-    state = read_tensors(model_path, exclude=NON_TRANSFORMER_PREFIXES)
+    exclude = NON_TRANSFORMER_PREFIXES
+    if backbone is not None:
+        _share_backbone(model, backbone, device, dtype)
+        exclude = (*exclude, "model.")
+    state = read_tensors(model_path, exclude=exclude)
     result = model.load_state_dict(state, strict=False, assign=True)
-    if result.missing_keys or result.unexpected_keys:
+    missing = [key for key in result.missing_keys if backbone is None or not key.startswith("model.")]
+    if missing or result.unexpected_keys:
         raise ValueError(
-            f"{model_path} does not match HunyuanImage-3.0's layout: missing {result.missing_keys[:8]}, "
+            f"{model_path} does not match HunyuanImage-3.0's layout: missing {missing[:8]}, "
             f"unexpected {result.unexpected_keys[:8]}"
         )
     with torch.no_grad():
         for name, param in model.named_parameters():
+            if name.startswith("model.") and backbone is not None:
+                continue  # the text model's tensors, as they are
             # Cast each tensor once, from the file's dtype: the fp32 router never goes through `dtype`.
             target = torch.float32 if ".mlp.gate." in name else dtype
             param.data = param.data.to(device=device, dtype=target)
-    if str(device).startswith("cuda") and dtype == torch.bfloat16 and not config.mlp_bias:
+    if backbone is None and str(device).startswith("cuda") and dtype == torch.bfloat16 and not config.mlp_bias:
         for layer in model.model.layers:
             layer.mlp.group_experts()  # one grouped GEMM per projection instead of a loop over experts
     return model.eval()
+
+
+def _share_backbone(model: HunyuanImage3, vllm_model: nn.Module, device: str, dtype: torch.dtype) -> None:
+    """Make `model`'s decoder modules those of the ``ar`` stage's vLLM model (same classes and
+    parameter names: `omni_hunyuan.vllm_model`), refusing a model of another layout, dtype or device."""
+    source = getattr(vllm_model, "model", None)
+    layers = getattr(source, "layers", ())
+    if not isinstance(source, nn.Module) or not hasattr(source, "wte") or len(layers) != len(model.model.layers):
+        raise ConfigError(
+            f"share_model_with: the ar stage's model ({type(vllm_model).__name__}) is not Omni's HunyuanImage-3.0 vLLM "
+            f"model with {len(model.model.layers)} layers",
+            key="stages.dit.share_model_with",
+        )
+    weight = source.wte.weight
+    if weight.dtype != dtype or weight.device.type != torch.device(device).type:
+        raise ConfigError(
+            f"share_model_with: the ar stage holds its weights as {weight.dtype} on {weight.device}, the dit stage "
+            f"runs {dtype} on {device}: give both stages one dtype and device",
+            key="stages.dit.dtype",
+        )
+    target = model.model
+    target.wte, target.ln_f = source.wte, source.ln_f
+    for mine, theirs in zip(target.layers, layers):
+        mine.input_layernorm, mine.post_attention_layernorm, mine.mlp = (
+            theirs.input_layernorm, theirs.post_attention_layernorm, theirs.mlp
+        )
+        attention, text_attention = mine.self_attn, theirs.self_attn
+        attention.qkv_proj, attention.o_proj = text_attention.qkv_proj, text_attention.o_proj
+        if attention.use_qk_norm:
+            attention.query_layernorm, attention.key_layernorm = text_attention.query_layernorm, text_attention.key_layernorm

@@ -89,6 +89,34 @@ def test_requests_at_different_steps_with_different_prompt_lengths_share_forward
     assert not np.array_equal(images["long"], images["short"])
 
 
+def test_compiled_stage_equals_eager(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any) -> None:
+    """``compile: true`` (the layers' pieces around attention and the experts under torch.compile)
+    draws the sampler's images, with first-block caching on one row and the batch growing mid-run
+    (a new shape compiles)."""
+    import attrs
+    from omni_hunyuan.layers import EAGER
+
+    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline", "dit.compile=true"))
+    stage = pipeline.stage("dit")
+    runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
+    runtime.load()
+    try:
+        assert runtime.model.transformer.kernels != EAGER
+        prompts = {"long": "Draw a lighthouse at night with waves crashing against the rocks", "short": "A cat"}
+        params = {"seed": 7, "num_inference_steps": 3, "size": (64, 64)}
+        finals = _finals(
+            runtime,
+            {"long": (prompts["long"], params), "short": (prompts["short"], {**params, "cache": {"mode": "first_block", "threshold": 0.0}})},
+            stagger=True,
+        )
+    finally:
+        runtime.close()
+    for name, prompt in prompts.items():
+        expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 7, 3)
+        assert np.abs(finals[name]["image"].astype(int) - expected.astype(int)).max() <= 1, name
+    assert finals["short"]["cache"] == {"computed_steps": 3, "skipped_steps": 0}
+
+
 def test_n_images_of_one_prompt_are_those_of_seeds_seed_to_seed_plus_n(
     runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
 ) -> None:

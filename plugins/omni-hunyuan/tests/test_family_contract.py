@@ -22,7 +22,8 @@ class TestHunyuanImage3Family(FamilyContract):
     deploy = {  # noqa: RUF012
         "stages": {
             "ar": {"placement": "inline", "options": {"max_model_len": 256}},
-            "dit": {"placement": "inline", "options": {"admission_window_ms": 20}},
+            # One copy of the weights: the dit stage runs on the modules the ar stage's vLLM engine loaded.
+            "dit": {"placement": "inline", "share_model_with": "ar", "options": {"admission_window_ms": 20}},
         }
     }
     params = {"ar": {"max_tokens": 8, "temperature": 0.0}, "dit": {"num_inference_steps": 2}}  # noqa: RUF012
@@ -96,6 +97,18 @@ class TestHunyuanImage3Family(FamilyContract):
             expected = model.greedy(torch.tensor([prompt.ids]), 10, prompt=(prompt.embeds[None], prompt.positions[None], prompt.spans))
             assert result.token_ids == expected
         assert results[2].token_ids == omni.generate(requests[2])[0].token_ids
+
+    def test_the_dit_runs_on_the_ar_stage_weights(self, omni: Any) -> None:
+        """``share_model_with: ar``: every decoder tensor of the dit stage's transformer is a tensor of
+        the ar stage's vLLM model (one copy); only what the text model lacks is the dit's own."""
+        groups = omni._omni.engine.groups
+        text_model = groups["ar"].replicas[0].worker.runtime.engine.collective_rpc(lambda worker: worker.model_runner.get_model())[0]
+        transformer = groups["dit"].replicas[0].worker.runtime.model.transformer
+        text_tensors = {param.data_ptr() for param in text_model.parameters()}
+        decoder = dict(transformer.model.named_parameters())
+        assert len(decoder) > 10 and all(param.data_ptr() in text_tensors for param in decoder.values())
+        own = [name for name, param in transformer.named_parameters() if param.data_ptr() not in text_tensors]
+        assert own and all(name.startswith(("lm_head.", "timestep_emb.", "time_embed", "patch_embed.", "final_layer.")) for name in own)
 
     def test_four_concurrent_requests_of_mixed_tasks_equal_each_alone(self, omni: Any) -> None:
         """t2t and t2i in flight together each get what they get alone; a t2t request yields no image

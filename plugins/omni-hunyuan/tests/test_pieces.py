@@ -123,3 +123,36 @@ def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
         torch.testing.assert_close(grouped(tokens[:1, :1]), one, atol=1e-5, rtol=1e-5)  # most experts idle
         torch.testing.assert_close(grouped(tokens), moe(tokens), atol=1e-5, rtol=1e-5)
     assert picked.unique().numel() > 1
+
+
+def test_compiled_layer_kernels_equal_eager(checkpoint: Path) -> None:
+    """`LayerKernels.compiled()` (torch.compile around attention and the experts; the fused gather,
+    weighing and sum of the k expert outputs) gives the eager layer's outputs and cache, with grouped
+    and with looped experts, and again for a new batch shape."""
+    import copy
+
+    from omni_hunyuan.layers import EAGER, ImageRowsMask, LayerKernels
+    from omni_hunyuan.rope import image_positions, rope_tables, text_positions
+    from omni_hunyuan.weights import load_transformer
+
+    model = load_transformer(checkpoint)
+    config = model.config
+    looped = model.model.layers[0]
+    grouped = copy.deepcopy(looped)
+    grouped.mlp.group_experts()
+    compiled = LayerKernels.compiled()
+    generator = torch.Generator().manual_seed(0)
+    for lengths in ((5, 3), (5, 3, 4, 2)):
+        batch, padded, side = len(lengths), max(lengths), 3
+        x = torch.randn(batch, 1 + side * side, config.hidden_size, generator=generator)
+        past = tuple(torch.randn(batch, config.num_kv_heads, padded, config.head_dim, generator=generator) for _ in range(2))
+        positions = torch.stack([torch.cat([text_positions(n, 1), image_positions(n + 1, side, side)]) for n in lengths])
+        cos, sin = rope_tables(positions, config.head_dim, config.rope_theta)
+        mask = ImageRowsMask(lengths, padded)
+        with torch.no_grad():
+            for layer in (looped, grouped):
+                want, (want_k, want_v) = layer(x, cos, sin, mask, past, EAGER)
+                got, (got_k, got_v) = layer(x, cos, sin, mask, past, compiled)
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # fp32, sums in another order
+                torch.testing.assert_close(got_k, want_k, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(got_v, want_v, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,145 @@
+"""One copy of HunyuanImage-3.0's weights for ar -> dit (issue 25, point 3): memory on CPU (not a test).
+
+    python bench/hunyuan_shared_memory.py          # CPU, float32: ~1.9 GB of decoder weights, a few minutes
+
+Writes (under ``--scratch``) a random checkpoint in the release layout, ``--layers`` layers of hidden 1024,
+16 experts (top 4) of 1024 plus the shared one, with the tiny checkpoint's VAE and vision tower. Then,
+each in a fresh process, an Omni engine with both stages ``inline`` (one process, so its resident
+memory is all of it) serves one ``think_t2i`` request (the ``ar`` stage reasons on vLLM, the ``dit``
+stage draws after it):
+
+1. ``dit.share_model_with: ar``: the ``dit`` stage runs on the modules the ``ar`` stage's vLLM model
+   loaded (one copy of the decoder);
+2. without it: each stage loads the checkpoint (two copies, as vLLM-Omni's AR -> DiT does).
+
+Reported: the process's resident memory once both stages are loaded and its peak (``ru_maxrss``)
+after the request, against the size of the decoder's weights. Results: ``$OUT/hunyuan-shared-memory.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hunyuan_image3 import write_release_width
+
+SPEC = {
+    "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "attention_head_dim": 128,
+    "num_experts": 16, "moe_topk": 4, "moe_intermediate_size": 1024, "patch_embed_hidden_dim": 256,
+    "image_base_size": 128, "tokenizer_vocab": 512, "vae_blocks": [32, 32, 64, 64, 64],
+    "vae_layers_per_block": 2, "vit_width": 32,
+}
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def child(model: Path, shared: bool) -> dict[str, float]:
+    """Run in a fresh process: load both stages inline, serve one think_t2i request."""
+    import numpy as np
+
+    from omni_core.engine.offline import Omni
+    from omni_core.engine.request import OmniRequest
+
+    overrides = ["ar.placement=inline", "dit.placement=inline", "ar.max_model_len=512", "dit.dtype=float32"]
+    if shared:
+        overrides.append("dit.share_model_with=ar")
+    began = time.perf_counter()
+    with Omni(str(model), overrides=overrides) as engine:
+        engine.generate(OmniRequest(prompt="warm-up", modalities=("text",), params={"ar": {"max_tokens": 2}}))
+        loaded = rss_mib()
+        load_s = time.perf_counter() - began
+        request = OmniRequest(
+            prompt="A lighthouse at night", modalities=("text", "image"), extra={"seed": 1},
+            params={"ar": {"max_tokens": 16}, "dit": {"num_inference_steps": 4}},
+        )
+        result = engine.generate(request)[0]
+        image = np.asarray(result.images[0])
+    return {
+        "loaded_mib": loaded, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "load_s": load_s,
+        "image_mean": float(image.mean()), "tokens": len(result.token_ids),
+    }
+
+
+def decoder_bytes(model: Path) -> tuple[int, int]:
+    """Bytes of the decoder's tensors (``model.*``) and of the rest of the transformer."""
+    from safetensors import safe_open
+
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    decoder = rest = 0
+    for shard in sorted(set(index.values())):
+        with safe_open(str(model / shard), framework="pt") as reader:
+            for key in reader.keys():  # noqa: SIM118 (a safetensors reader)
+                if key.startswith(("vae.", "vision_model.", "vision_aligner.")):
+                    continue
+                tensor = reader.get_slice(key)
+                size = 4 if tensor.get_dtype() in ("F32",) else 2
+                count = 1
+                for n in tensor.get_shape():
+                    count *= n
+                if key.startswith("model."):
+                    decoder += count * size
+                else:
+                    rest += count * size
+    return decoder, rest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan-shared"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
+    parser.add_argument("--child", choices=("shared", "two-copies"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    model = args.scratch / f"cpu-{args.layers}"
+    if args.child:
+        print(json.dumps(child(model, args.child == "shared")))
+        return
+    write_release_width(model, args.layers, "cpu", spec=SPEC, dtype="float32")
+    decoder, rest = decoder_bytes(model)
+    runs = {}
+    for mode in ("shared", "two-copies"):
+        done = subprocess.run(
+            [sys.executable, __file__, "--layers", str(args.layers), "--scratch", str(args.scratch), "--child", mode],
+            capture_output=True, text=True, check=True,
+        )
+        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(mode, runs[mode], flush=True)
+    gib = 2**30
+    lines = [
+        f"## HunyuanImage-3.0 ar -> dit on one copy of the weights (CPU, float32, {args.layers} layers of hidden 1024, "
+        "16 experts top 4)",
+        "",
+        f"Decoder weights (`model.*`, shared when `share_model_with: ar`): {decoder / gib:.2f} GiB; the transformer's other "
+        f"tensors (LM head, timestep embedders, UNet embedder and head, the dit's own): {rest / gib:.2f} GiB. One process, "
+        "both stages `inline`, one think_t2i request (16 reasoning tokens on vLLM, 4 denoising steps).",
+        "",
+        "| deploy | resident after loading (GiB) | peak resident (GiB) | loading (s) |",
+        "|---|---:|---:|---:|",
+    ]
+    for mode, label in (("shared", "`dit.share_model_with: ar` (one copy)"), ("two-copies", "each stage loads its own (two copies)")):
+        run = runs[mode]
+        lines.append(f"| {label} | {run['loaded_mib'] / 1024:.2f} | {run['peak_mib'] / 1024:.2f} | {run['load_s']:.0f} |")
+    saved = (runs["two-copies"]["peak_mib"] - runs["shared"]["peak_mib"]) / 1024
+    lines += [
+        "",
+        f"Sharing saves {saved:.2f} GiB of peak memory ({saved / (decoder / gib):.2f}x the decoder's weights); the same "
+        f"image either way: {runs['shared']['image_mean'] == runs['two-copies']['image_mean']} (mean pixel "
+        f"{runs['shared']['image_mean']:.3f} and {runs['two-copies']['image_mean']:.3f}).",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "hunyuan-shared-memory.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
