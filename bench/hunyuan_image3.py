@@ -225,7 +225,8 @@ class Reference:
 class Omni:
     """Omni's ``dit`` stage: the family's pipeline resolved for the checkpoint, its diffusion stage
     runtime driven as the engine's worker drives it (add requests, step until each one's final chunk).
-    t2i never reaches the ``ar`` stage, which needs vLLM (the GPU machine has none), so it is not built."""
+    t2i never reaches the ``ar`` stage, which needs vLLM (the GPU machine has none), so it is not built
+    (nor shared: the dit loads its own copy)."""
 
     def __init__(self, model: Path, device: str, dtype: str, max_num_seqs: int, compile: bool = False) -> None:
         import attrs
@@ -235,7 +236,7 @@ class Omni:
         from omni_core.stages.diffusion import DiffusionStageRuntime
 
         host = load_plugins(entry_points=(), extra_plugins=[omni_hunyuan.plugin])
-        overrides = ["dit.placement=inline", f"dit.max_num_seqs={max_num_seqs}", f"dit.dtype={dtype}", f"dit.device={device}"]
+        overrides = ["dit.placement=inline", "dit.share_model_with=", f"dit.max_num_seqs={max_num_seqs}", f"dit.dtype={dtype}", f"dit.device={device}"]
         if compile:
             overrides.append("dit.compile=true")
         self.system = "omni, compiled" if compile else "omni"

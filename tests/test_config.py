@@ -67,9 +67,13 @@ class ToyAROptions:
 
 
 class ToyARRuntime:
-    """Stands for a stage runtime class: `resolve()` only reads its `Options`."""
+    """Stands for a stage runtime class: `resolve()` only reads its `Options`, and whether it
+    overrides `StageRuntime.shared_model` (``share_model_with``)."""
 
     Options = ToyAROptions
+
+    def shared_model(self) -> Any:
+        raise NotImplementedError
 
 
 @attrs.frozen
@@ -745,6 +749,11 @@ def test_share_model_with_is_checked_before_anything_starts(host, checkpoint):
     assert "not another stage" in str(reject(host, checkpoint, key, "talker.share_model_with=nobody"))
     assert "not another stage" in str(reject(host, checkpoint, key, "talker.share_model_with=talker"))
     assert "as many replicas" in str(reject(host, checkpoint, key, "talker.share_model_with=thinker"))
-    assert "'inline'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=process"))
+    offers_none = reject(host, checkpoint, key, "talker.share_model_with=vocoder")
+    assert "'generation' runtime has no loaded model to share" in str(offers_none)
+    assert "placement 'process'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=process"))
+    in_processes = resolve(str(checkpoint), overrides=[*shared, "thinker.placement=process", "talker.placement=process"], plugins=host)
+    assert in_processes.stage("talker").placement == "process"
+    assert "'ray'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=ray", "talker.placement=ray"))
     mutual = reject(host, checkpoint, "stages.thinker.share_model_with", *shared, "thinker.share_model_with=talker")
     assert "itself shares" in str(mutual)

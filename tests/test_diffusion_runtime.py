@@ -217,3 +217,26 @@ def test_the_forward_record_stays_bounded_however_long_the_server_runs():
         drain(runtime)
     assert not runtime.has_unfinished()
     assert BATCH_SIZES_KEPT <= len(runtime.batch_sizes) <= 2 * BATCH_SIZES_KEPT and set(runtime.batch_sizes) == {1}
+
+
+def test_a_model_part_that_loads_its_own_weights_refuses_share_model_with():
+    """``share_model_with`` is refused at resolve, before anything loads: on a diffusion stage whose
+    model part does not declare `DiffusionModel.takes_shared_model` (it would load its own copy
+    anyway), and towards a stage whose runtime offers no model (`StageRuntime.shared_model`)."""
+    from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec
+    from omni_core.config.resolve import resolve_pipeline
+    from omni_core.plugins import default_plugins
+
+    pipeline = PipelineConfig(family="t", stages=(
+        StageSpec("first", "diffusion", f"{__name__}:CountingModel", output="image"),
+        StageSpec("gen", "diffusion", f"{__name__}:CountingModel", inputs=(EdgeSpec("first"),), output="image", final=True),
+    ))
+    inline = {"first": {"placement": "inline"}, "gen": {"placement": "inline", "share_model_with": "first"}}
+    with pytest.raises(ConfigError, match="'diffusion' runtime has no loaded model to share"):
+        resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": inline})
+    text_first = attrs.evolve(pipeline, stages=(
+        StageSpec("first", "ar", "omni_core.stages.ar_model:ARModel", output="text"), pipeline.stages[1],
+    ))
+    with pytest.raises(ConfigError, match="CountingModel.* loads its own weights") as info:
+        resolve_pipeline(text_first, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": inline})
+    assert info.value.key == "stages.gen.share_model_with"

@@ -28,6 +28,7 @@ from omni_core.config.structure import STRICT, structure_config
 from omni_core.errors import ConfigError, PluginError
 from omni_core.families import PipelineFamily
 from omni_core.refs import load_ref
+from omni_core.stages.base import StageRuntime
 
 if TYPE_CHECKING:
     from omni_core.plugins import PluginHost
@@ -167,8 +168,9 @@ def resolve_pipeline(
 
 
 def _check_shared_models(stages: list[ResolvedStage]) -> None:
-    """`StageDeploy.share_model_with`: the stage exists, is another one, and both run in one process
-    (``inline``) with as many replicas on the same devices."""
+    """`StageDeploy.share_model_with`: the stage exists, is another one whose runtime offers its
+    model, and both run in one process (both ``process``, or both ``inline``) with as many replicas
+    on the same devices."""
     by_name = {stage.name: stage for stage in stages}
     for stage in stages:
         host_name = stage.share_model_with
@@ -184,11 +186,13 @@ def _check_shared_models(stages: list[ResolvedStage]) -> None:
             )
         if host.share_model_with is not None:
             raise ConfigError(f"stage {host_name!r} itself shares {host.share_model_with!r}'s model: share that one", key=key)
-        if stage.placement != "inline" or host.placement != "inline":
+        if getattr(load_ref(host.runtime_ref), "shared_model", StageRuntime.shared_model) is StageRuntime.shared_model:
+            raise ConfigError(f"stage {host_name!r}: its {host.kind!r} runtime has no loaded model to share", key=key)
+        if stage.placement != host.placement or host.placement not in ("inline", "process"):
             raise ConfigError(
-                f"stages {host_name!r} and {stage.name!r} share one model, so they must run in one process: set both "
-                f"placements to 'inline' (they are {host.placement!r} and {stage.placement!r}; co-locating them in a "
-                "worker process of their own is not built)",
+                f"stages {host_name!r} and {stage.name!r} share one model, so they run in one process: give both the "
+                f"placement 'process' ({host_name!r}'s worker process runs both) or 'inline' (the engine's), not "
+                f"{host.placement!r} and {stage.placement!r}",
                 key=key,
             )
         if stage.replicas != host.replicas or stage.devices != host.devices:

@@ -21,7 +21,7 @@ from omni_core.errors import OmniError, StageError
 from omni_core.outputs import OutputDelta
 from omni_core.parts import InputProcessor, PartContext, build_part
 from omni_core.refs import load_ref
-from omni_core.runtime.shared_models import SharedModels
+from omni_core.runtime.shared_models import Colocation, SharedModels
 from omni_core.runtime.stage_group import StageGroup
 
 logger = logging.getLogger(__name__)
@@ -78,12 +78,14 @@ class AsyncOmniEngine:
         inline_connectors = {"request": io_connector, "output": io_connector, **edge_connectors}
         self.orchestrator = Orchestrator(self.pipeline, self.groups, io_connector, edge_connectors)
         shared_models = SharedModels()  # what inline stages that share a loaded model hand over
+        colocation = Colocation()  # process replicas of such stages: in their host's process
         for stage in self.pipeline.stages:
             if stage.placement_ref is not None and stage.placement_ref not in self._sessions:
                 self._sessions[stage.placement_ref] = load_ref(stage.placement_ref).open_session(self.pipeline)
             session = self._sessions.get(stage.placement_ref or "")
             self.groups[stage.name] = StageGroup(
-                self.pipeline, stage, self._dispatch, loop, inline_connectors, session=session, shared_models=shared_models
+                self.pipeline, stage, self._dispatch, loop, inline_connectors, session=session, shared_models=shared_models,
+                colocation=colocation,
             )
         self._input_processor = self._build_input_processor()
         self._started = True

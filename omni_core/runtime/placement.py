@@ -34,8 +34,9 @@ class ReplicaContext:
     - `local_connectors`: the engine's own connector instances by key, for a replica in the
       engine's process (in-process connectors only work there); others build their own;
     - `session`: what the placement's `Replica.open_session` returned for this engine;
-    - `shared_models`: the engine's `omni_core.runtime.shared_models.SharedModels`, through which
-      stages that share a loaded model (``share_model_with``, inline only) hand it over.
+    - `shared_models`, `colocation`: the engine's `omni_core.runtime.shared_models.SharedModels`
+      (inline stages that share a loaded model hand it over there) and `Colocation` (a ``process``
+      replica of a stage that shares another's model runs in that stage's worker process).
     """
 
     pipeline: ResolvedPipeline
@@ -46,6 +47,7 @@ class ReplicaContext:
     local_connectors: dict[str, Connector] = attrs.field(factory=dict)
     session: Any = None
     shared_models: Any = None
+    colocation: Any = None
 
 
 class Replica(abc.ABC):

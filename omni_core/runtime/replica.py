@@ -16,6 +16,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -24,6 +25,7 @@ import attrs
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.connectors import create_connector
 from omni_core.connectors.base import Connector
+from omni_core.errors import ConfigError
 from omni_core.runtime import messages as m
 from omni_core.runtime.allocator import allocator_environment, environment, preloaded
 from omni_core.runtime.channel import EngineChannel, WorkerChannel
@@ -102,25 +104,66 @@ class InlineReplica(Replica):
             await asyncio.to_thread(self.thread.join, timeout)
 
 
-def _worker_main(pipeline_data: dict, stage_name: str, index: int, incoming: Connection, outgoing: Connection, log_level: int) -> None:
-    """Entry point of a stage worker process (spawned)."""
+def _worker_main(
+    pipeline_data: dict, stage_name: str, index: int, incoming: Connection, outgoing: Connection, log_level: int,
+    guests: tuple[tuple[str, Connection, Connection], ...] = (),
+) -> None:
+    """Entry point of a stage worker process (spawned). `guests`: stages that share this stage's
+    model (``share_model_with``), each run by a worker thread here on its own channel."""
     # Ctrl-C reaches the whole process group; the engine stops its workers itself (a Shutdown
     # message, or EOF on the pipe if it dies), so a worker must not die mid-step on SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     pipeline = ResolvedPipeline.from_dict(pipeline_data)
     stage = prepare_worker_process(pipeline.stage(stage_name))
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
+    from omni_core.runtime.shared_models import SharedModels
     from omni_core.runtime.worker import StageWorker
 
-    connectors = build_connectors(stage_connector_keys(pipeline, stage))
+    stages = [stage, *(attrs.evolve(pipeline.stage(name), devices=stage.devices) for name, _, _ in guests)]
+    connectors = build_connectors({key: spec for each in stages for key, spec in stage_connector_keys(pipeline, each).items()})
+    models = SharedModels() if guests else None
+    threads = []
+    for guest, (_, guest_in, guest_out) in zip(stages[1:], guests):
+        thread = threading.Thread(
+            target=_guest_worker, args=(pipeline, guest, index, connectors, WorkerChannel(guest_in, guest_out), models),
+            name=f"omni-{guest.name}-{index}", daemon=True,
+        )
+        thread.start()
+        threads.append(thread)
     channel = WorkerChannel(incoming, outgoing)
-    worker = StageWorker(pipeline, stage, index, connectors, channel.send, channel.batch)
+    worker = StageWorker(pipeline, stage, index, connectors, channel.send, channel.batch, shared_models=models)
     try:
         worker.run(channel)
     finally:
+        for thread in threads:  # the engine stops its guests with it: let them finish their Shutdown
+            thread.join(GUEST_STOP_S)
         for connector in set(connectors.values()):
             connector.close()
         channel.close()
+
+
+GUEST_STOP_S = 10.0
+"""How long a worker process that ends waits for the stages running in it (``share_model_with``)."""
+GUEST_EXIT_GRACE_S = 1.0
+"""How long a failed guest worker lets the process's other workers write before it ends the process."""
+
+
+def _guest_worker(pipeline: ResolvedPipeline, stage: ResolvedStage, index: int, connectors: dict[str, Connector],
+                  channel: WorkerChannel, models: Any) -> None:
+    """A stage that shares the process's model, on its own channel. Stages sharing a process live
+    and die together: if this worker fails (a failed load included), the process exits, and the
+    engine restarts both."""
+    from omni_core.runtime.worker import StageWorker
+
+    worker = StageWorker(pipeline, stage, index, connectors, channel.send, channel.batch, shared_models=models)
+    try:
+        worker.run(channel)
+    except BaseException:
+        logger.exception("stage %s replica %d (in stage %s's process) failed: ending the process", stage.name, index, stage.share_model_with)
+        channel.close()
+        time.sleep(GUEST_EXIT_GRACE_S)  # the host worker may be reporting its own failure (a failed load) meanwhile
+        os._exit(1)
+    channel.close()
 
 
 def prepare_worker_process(stage: ResolvedStage) -> ResolvedStage:
@@ -205,6 +248,11 @@ class ProcessReplica(Replica):
 
     The process's exit (its sentinel becoming readable) is what reports a crash: whatever the
     worker wrote before it died is delivered first.
+
+    A stage that shares another's loaded model (``share_model_with``) runs in that stage's
+    process: the host replica spawns it with a channel per such guest stage and offers the engine's
+    ends (`Colocation`); a guest replica spawns nothing, claims its channel, and learns of the
+    process's exit from the host. Killing a guest kills the process: they restart together.
     """
 
     placement = "process"
@@ -221,14 +269,29 @@ class ProcessReplica(Replica):
         self._exited: asyncio.Future[None] = context.loop.create_future()
         self._stopping = False
         self._killed: str | None = None  # why `kill` ended the worker
+        self._colocation = context.colocation
+        self._host = self.stage.share_model_with  # the stage whose process this one runs in
+        self._guests = tuple(s.name for s in self.pipeline.stages if s.share_model_with == self.stage.name)
+        self._unsent: list[Any] = []  # a guest's messages before it has its channel
+        if (self._host or self._guests) and self._colocation is None:
+            raise ConfigError(f"stage {self.stage.name!r}: share_model_with needs the engine's Colocation", key=f"stages.{self.stage.name}")
 
     def start(self) -> None:
+        if self._host is not None:
+            self._colocation.claim(self._host, self.index, self.stage.name, self._attach)
+            return
         worker_in, engine_out = self._ctx.Pipe(duplex=False)
         engine_in, worker_out = self._ctx.Pipe(duplex=False)
+        guest_pipes = {guest: (self._ctx.Pipe(duplex=False), self._ctx.Pipe(duplex=False)) for guest in self._guests}
+        # (guest, worker_in, worker_out) for the child; (engine_in, engine_out) stay here.
+        guests = tuple((guest, to_worker[0], to_engine[1]) for guest, (to_worker, to_engine) in guest_pipes.items())
         env_devices = ",".join(d.split(":", 1)[1] for d in self.stage.devices if d.startswith("cuda:"))
         process = self._ctx.Process(
             target=_worker_main,
-            args=(self.pipeline.to_dict(), self.stage.name, self.index, worker_in, worker_out, logging.getLogger().level or logging.WARNING),
+            args=(
+                self.pipeline.to_dict(), self.stage.name, self.index, worker_in, worker_out,
+                logging.getLogger().level or logging.WARNING, guests,
+            ),
             name=f"omni-{self.stage.name}-{self.index}",
             daemon=True,
         )
@@ -240,21 +303,52 @@ class ProcessReplica(Replica):
             with environment(env):
                 process.start()
         finally:
-            worker_in.close()  # the child has its own copies now
-            worker_out.close()
+            for end in (worker_in, worker_out, *(c for _, a, b in guests for c in (a, b))):
+                end.close()  # the child has its own copies now
         self.process = process
         self._channel = EngineChannel(self._loop, engine_in, engine_out, self._on_message)
         self._loop.add_reader(process.sentinel, self._on_exit)
+        if self._guests:
+            self._colocation.offer(
+                self.stage.name, self.index, process,
+                {guest: (to_engine[0], to_worker[1]) for guest, (to_worker, to_engine) in guest_pipes.items()},
+            )
+
+    def _attach(self, process: Any, incoming: Connection | None, outgoing: Connection | None) -> Any:
+        """A guest gets its channel in the host's process (None: the host will not run again)."""
+        if process is None or self._stopping:
+            if incoming is not None and outgoing is not None:
+                incoming.close()
+                outgoing.close()
+            if process is None and not self._stopping:
+                logger.error("stage %s replica %d: stage %s, whose process it runs in, is not restarted", self.stage.name, self.index, self._host)
+                self._exited.set_result(None)
+                self._on_message(None)
+            return lambda: None
+        assert incoming is not None and outgoing is not None
+        self.process = process
+        self._channel = EngineChannel(self._loop, incoming, outgoing, self._on_message)
+        for message in self._unsent:
+            self._channel.send(message)
+        self._unsent.clear()
+        return self._on_exit
 
     def _on_exit(self) -> None:
-        self._loop.remove_reader(self.process.sentinel)
+        if self._host is None:
+            self._loop.remove_reader(self.process.sentinel)
         assert self._channel is not None
         self._channel.drain()
         self._channel.close()
-        self.process.join()  # already exited: this only reaps it
-        self._exited.set_result(None)
+        if self._host is None:
+            self.process.join()  # already exited: this only reaps it
+        if not self._exited.done():
+            self._exited.set_result(None)
+        if self._guests:
+            self._colocation.exited(self.stage.name, self.index)
         if not self._stopping:
             why = f"killed: it {self._killed}" if self._killed else exit_reason(self.process.exitcode)
+            if self._host is not None:
+                why = f"{why} (the worker process of stage {self._host}, which it runs in)"
             logger.error("stage %s replica %d: worker process %s", self.stage.name, self.index, why)
             self._on_message(None)
 
@@ -262,24 +356,32 @@ class ProcessReplica(Replica):
         if self.process is None or self._exited.done():
             return False
         self._killed = reason
-        self.process.kill()
+        self.process.kill()  # (a guest's: the host's process, with every stage in it)
         return True
 
     def send(self, message: Any) -> None:
         """Queue `message` for the worker (dropped if it has died: its exit is reported)."""
-        assert self._channel is not None
+        if self._channel is None:
+            self._unsent.append(message)  # a guest waiting for its host's process
+            return
         self._channel.send(message)
 
     def alive(self) -> bool:
         return self.process is not None and not self._exited.done()
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Ask the worker to shut down; terminate it, then kill it, if it does not in time."""
+        """Ask the worker to shut down; terminate it, then kill it, if it does not in time. A guest
+        only asks (its host's replica ends the process)."""
         self._stopping = True
         if self.process is None:
             return
         if not self._exited.done():
             self.send(m.Shutdown())
+        if self._host is not None:
+            deadline = self._loop.time() + timeout
+            while self._channel is not None and self._channel.reading and not self._exited.done() and self._loop.time() < deadline:
+                await asyncio.sleep(0.02)  # its worker thread closes its channel when it ends
+            return
         for ending, wait in ((None, timeout), (self.process.terminate, 5.0), (self.process.kill, None)):
             if self._exited.done():
                 break

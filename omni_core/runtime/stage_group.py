@@ -15,7 +15,7 @@ from omni_core.errors import ConfigError, StageError
 from omni_core.refs import load_ref
 from omni_core.runtime import messages as m
 from omni_core.runtime.placement import Replica, ReplicaContext
-from omni_core.runtime.shared_models import SharedModels
+from omni_core.runtime.shared_models import Colocation, SharedModels
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class StageGroup:
         session: Any = None,
         restart_window_s: float = RESTART_WINDOW_S,
         shared_models: SharedModels | None = None,
+        colocation: Colocation | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.stage = stage
@@ -54,6 +55,7 @@ class StageGroup:
         self._inline_connectors = inline_connectors
         self._session = session  # the placement's, for this engine (`Replica.open_session`)
         self._shared_models = shared_models  # the engine's (``share_model_with``)
+        self._colocation = colocation
         self.max_restarts = max_restarts
         self.restart_window_s = restart_window_s
         self.restarts = [0] * stage.replicas  # in all, for health
@@ -79,7 +81,8 @@ class StageGroup:
             )
         on_message = lambda message, i=index: self._on_message(i, message)  # noqa: E731
         context = ReplicaContext(
-            self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors, self._session, self._shared_models
+            self.pipeline, self.stage, index, on_message, self._loop, self._inline_connectors, self._session, self._shared_models,
+            self._colocation,
         )
         replica = load_ref(self.stage.placement_ref)(context)
         if not isinstance(replica, Replica):
@@ -135,7 +138,7 @@ class StageGroup:
             if replica == index and not future.done():
                 future.set_exception(StageError(self.name, "worker died"))
         if not self.ready[index].done():
-            self.dead[index] = True
+            self._not_restarted(index)
             reason = self.load_errors.get(index)
             detail = f"failed to load: {reason}" if reason else "died while loading; see its log above"
             self.failures[index] = f"{detail}; not being restarted"
@@ -147,7 +150,7 @@ class StageGroup:
         while crashes and now - crashes[0] > self.restart_window_s:
             crashes.popleft()
         if len(crashes) > self.max_restarts:
-            self.dead[index] = True
+            self._not_restarted(index)
             self.failures[index] = (
                 f"crashed {len(crashes)} times within {_duration(self.restart_window_s)}: not being restarted "
                 "(restart the server once the cause, logged with each crash, is fixed)"
@@ -165,6 +168,11 @@ class StageGroup:
         self.load[index] = 0
         self.replicas[index] = self._make_replica(index)
         self.replicas[index].start()
+
+    def _not_restarted(self, index: int) -> None:
+        self.dead[index] = True
+        if self._colocation is not None:  # stages running in this replica's process wait no more
+            self._colocation.abandon(self.name, index)
 
     def _is_ready(self, index: int) -> bool:
         """Replica `index` has loaded (and its current incarnation did not fail to)."""

@@ -137,6 +137,19 @@ class DiffusionStageRuntime(StageRuntime):
     def check_resolved(cls, stage: ResolvedStage, options: DiffusionOptions, model_path: str) -> None:
         from omni_core.refs import load_ref
 
+        if stage.share_model_with is not None:
+            if options.parallel.world_size > 1:
+                raise ConfigError(
+                    f"stage {stage.name!r}: share_model_with runs on another stage's model in this process; it cannot "
+                    "span ranks (parallel)",
+                    key=f"stages.{stage.name}.share_model_with",
+                )
+            if not getattr(load_ref(stage.model), "takes_shared_model", False):
+                raise ConfigError(
+                    f"stage {stage.name!r}: its model part ({stage.model}) loads its own weights; it does not run on "
+                    f"another stage's model (share_model_with)",
+                    key=f"stages.{stage.name}.share_model_with",
+                )
         if options.parallel.world_size == 1:
             return
         part = load_ref(stage.model)
@@ -184,12 +197,6 @@ class DiffusionStageRuntime(StageRuntime):
             shared_model=self.shared,
         )
         parallel = self.options.parallel
-        if parallel.world_size > 1 and self.shared is not None:
-            raise ConfigError(
-                f"stage {self.stage.name!r}: share_model_with runs on another stage's model in this process; it cannot "
-                "span ranks (parallel)",
-                key=f"stages.{self.stage.name}.share_model_with",
-            )
         if parallel.world_size > 1:
             explicit = getattr(self.options, "device", None)
             devices = rank_devices(self.stage.devices, parallel.world_size, cuda=spec.device.startswith("cuda"))

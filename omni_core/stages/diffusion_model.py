@@ -68,8 +68,8 @@ class LoadSpec:
       to split a step with (`omni_core.stages.diffusion_parallel`); `SINGLE` for one device.
     - `shared_model`: with ``share_model_with``, what the other stage's runtime offers
       (`omni_core.stages.base.StageRuntime.shared_model`, e.g. the modules its vLLM engine loaded)
-      for the model part to run on instead of loading those weights again; ``None`` otherwise. A
-      model part that cannot use it must refuse it (`omni_core.errors.ConfigError`).
+      for the model part to run on instead of loading those weights again (`DiffusionModel.takes_shared_model`);
+      ``None`` otherwise.
     """
 
     device: str
@@ -96,6 +96,9 @@ class DiffusionModel(Part, abc.ABC):
     `request_params`: the names of the per-request parameters `prepare` takes (the runtime's own
     ``cache`` is always taken); the engine refuses any other before the request starts, even where
     the stage runs after others. ``None``: not declared, `prepare` alone checks them.
+    `takes_shared_model`: `load` runs on `LoadSpec.shared_model` when the stage is deployed with
+    ``share_model_with`` (another stage's loaded weights); `resolve()` refuses that deploy for a
+    model part that does not declare it.
     `media_params`: those of `request_params` that carry a medium (an image, a video, audio) as
     a URL. A request's own string is its data: a base64 ``data:`` URL. Over HTTP, the server
     also takes the ``file://`` and ``http(s)://`` URLs its operator allowed (vLLM's flags
@@ -105,6 +108,7 @@ class DiffusionModel(Part, abc.ABC):
 
     max_steps: int = 1000
     parallel_modes: frozenset[str] = frozenset()
+    takes_shared_model: bool = False
     request_params: frozenset[str] | None = None
     media_params: frozenset[str] = frozenset()
 

@@ -81,7 +81,8 @@ class ImageRowsMask:
 
 
 class Attention(nn.Module):
-    """GQA attention with the release's fused ``qkv_proj``, QK RMSNorm applied *after* RoPE.
+    """GQA attention with the release's fused ``qkv_proj``, QK RMSNorm applied *after* RoPE: `project`,
+    `attend`, `output` (a `DecoderLayer` runs them with its `LayerKernels`).
 
     ``qkv_proj`` rows are grouped per KV head: for each of the ``num_kv_heads`` groups, its
     ``heads_per_kv`` query heads, then one key head, then one value head.
@@ -141,18 +142,6 @@ class Attention(nn.Module):
         """``o_proj`` of the attention output ``[B, heads, S, head_dim]``: ``[B, S, H]``."""
         batch, _, seq, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | ImageRowsMask,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Attend the new tokens ``x [B, S, H]`` (`attend`); the projected output and the cache."""
-        out, cache = self.attend(*self.project(x, cos, sin), mask, past)
-        return self.output(out), cache
 
 
 def swiglu(fused: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,9 @@ names one):
 | ``think_t2i`` | ar -> dit: ``<think>`` reasoning and the ratio step, then the image after it | text, image |
 | ``recaption_t2i`` | ar -> dit: ``<recaption>`` rewritten prompt, then the image | text, image |
 
-By default each stage loads its own copy of the weights; ``share_model_with: ar`` on the ``dit`` stage
-(``deploy/one-copy.yaml``: both stages inline) runs the DiT on the modules the ``ar`` stage loaded.
+One copy of the weights: the default deploy runs the ``dit`` stage in the ``ar`` stage's worker
+process, on the modules the ``ar`` stage's vLLM engine loaded (``share_model_with: ar``);
+``deploy/two-copies.yaml`` gives each stage its own process and copy.
 After think/recaption, the ``dit`` stage starts from the ``ar`` stage's keys/values of the prompt and
 reasoning (``prefix_kv`` rows, `omni_hunyuan.ar`) instead of computing them again; the ``dit``
 parameter ``reuse_prefix_kv: false`` recomputes them (the same image).

@@ -73,7 +73,7 @@ def load_transformer(
     handed over by ``share_model_with``). Its decoder modules (embedding, layers, final norm) become
     this transformer's, so the weights exist once; only what the text model lacks (the timestep
     embedders, the UNet embedder and head, the LM head) is read from the checkpoint. Its experts are
-    then not regrouped: the text model runs on them as they are.
+    taken as they are (the vLLM model groups them itself on CUDA in bfloat16).
     """
     config = HunyuanConfig.from_pretrained(model_path)
     with torch.device("meta"):

@@ -23,7 +23,7 @@ from omni_core.stages.diffusion import DiffusionStageRuntime
 def runtime(checkpoint: Path) -> Any:
     import attrs
 
-    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline",))
+    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline", "dit.share_model_with=", "dit.dtype=float32"))
     stage = pipeline.stage("dit")
     runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
     runtime.load()
@@ -96,7 +96,7 @@ def test_compiled_stage_equals_eager(checkpoint: Path, model: Any, vae: Any, tok
     import attrs
     from omni_hunyuan.layers import EAGER
 
-    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline", "dit.compile=true"))
+    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline", "dit.share_model_with=", "dit.compile=true"))
     stage = pipeline.stage("dit")
     runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
     runtime.load()
