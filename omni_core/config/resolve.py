@@ -28,7 +28,6 @@ from omni_core.config.structure import STRICT, structure_config
 from omni_core.errors import ConfigError, PluginError
 from omni_core.families import PipelineFamily
 from omni_core.refs import load_ref
-from omni_core.stages.base import StageRuntime
 
 if TYPE_CHECKING:
     from omni_core.plugins import PluginHost
@@ -171,6 +170,8 @@ def _check_shared_models(stages: list[ResolvedStage]) -> None:
     """`StageDeploy.share_model_with`: the stage exists, is another one whose runtime offers its
     model, and both run in one process (both ``process``, or both ``inline``) with as many replicas
     on the same devices."""
+    from omni_core.stages.base import StageRuntime  # (it imports omni_core.parts, which imports this module)
+
     by_name = {stage.name: stage for stage in stages}
     for stage in stages:
         host_name = stage.share_model_with
