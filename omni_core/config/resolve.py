@@ -138,7 +138,7 @@ def resolve_pipeline(
             )
         )
     _check_engines_per_process(stages)
-    _check_shared_models(stages)
+    _check_shared_models(stages, model_path)
     for stage in stages:  # what each runtime refuses of the resolved stage (`StageRuntime.check_resolved`)
         check = getattr(load_ref(stage.runtime_ref), "check_resolved", None)
         if check is not None:
@@ -166,10 +166,10 @@ def resolve_pipeline(
     )
 
 
-def _check_shared_models(stages: list[ResolvedStage]) -> None:
+def _check_shared_models(stages: list[ResolvedStage], model_path: str) -> None:
     """`StageDeploy.share_model_with`: the stage exists, is another one whose runtime offers its
     model, and both run in one process (both ``process``, or both ``inline``) with as many replicas
-    on the same devices."""
+    on the same devices, in the host's dtype."""
     from omni_core.stages.base import StageRuntime  # (it imports omni_core.parts, which imports this module)
 
     by_name = {stage.name: stage for stage in stages}
@@ -203,6 +203,15 @@ def _check_shared_models(stages: list[ResolvedStage]) -> None:
                 f"and {stage.replicas} on {list(stage.devices)}",
                 key=key,
             )
+        dtypes = [other.options.get("dtype") for other in (host, stage)]
+        if all(d in ("float32", "bfloat16", "float16", CHECKPOINT_DTYPE) for d in dtypes):
+            host_dtype, own = (checkpoint_dtype(model_path) if d == CHECKPOINT_DTYPE else d for d in dtypes)
+            if host_dtype != own:
+                raise ConfigError(
+                    f"stage {stage.name!r} runs on stage {host_name!r}'s weights, which are {host_dtype}: set its dtype "
+                    f"to {host_dtype} (or 'checkpoint' where that is the checkpoint's), not {own}",
+                    key=f"stages.{stage.name}.options.dtype",
+                )
 
 
 def _placement_options(placement_ref: str, stage_deploy: StageDeploy, stage: str) -> dict[str, Any]:

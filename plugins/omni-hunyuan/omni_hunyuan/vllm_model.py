@@ -237,9 +237,9 @@ class _TextModel(nn.Module):
         missing = set(params) - loaded
         if missing:
             raise ValueError(f"checkpoint lacks {sorted(missing)[:8]}")
-        first = self.model.layers[0].mlp
-        if first.experts and first.experts[0].down_proj.weight.is_cuda and first.experts[0].down_proj.weight.dtype == torch.bfloat16 \
-                and not self.config.mlp_bias:
+        experts = self.model.layers[0].mlp.experts
+        weight = experts[0].down_proj.weight if len(experts) else None
+        if weight is not None and weight.is_cuda and weight.dtype == torch.bfloat16 and not self.config.mlp_bias:
             # Grouped GEMMs, as `omni_hunyuan.weights.load_transformer` runs them; here, before vLLM captures
             # its graphs, so a dit stage sharing these modules (share_model_with) takes them grouped.
             for layer in self.model.layers:
