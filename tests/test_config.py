@@ -755,6 +755,9 @@ def test_share_model_with_is_checked_before_anything_starts(host, checkpoint):
     assert "placement 'process'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=process"))
     in_processes = resolve(str(checkpoint), overrides=[*shared, "thinker.placement=process", "talker.placement=process"], plugins=host)
     assert in_processes.stage("talker").placement == "process"
+    threads = reject(host, checkpoint, "stages.talker.cpu_threads", *shared, "thinker.placement=process", "talker.placement=process",
+                     "talker.cpu_threads=2")
+    assert "runs in stage 'thinker''s worker process, whose cpu_threads is None: set it on 'thinker'" in str(threads)
     assert "'ray'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=ray", "talker.placement=ray"))
     dtype = reject(host, checkpoint, "stages.talker.options.dtype", *shared, "talker.dtype=float32")
     assert "which are bfloat16: set its dtype to bfloat16" in str(dtype)

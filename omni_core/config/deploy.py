@@ -168,8 +168,9 @@ class StageDeploy:
             "copy of weights two stages share, e.g. HunyuanImage-3.0's ``dit`` running its denoising forwards on the "
             "modules its ``ar`` stage loaded on vLLM). Replica i of this stage waits for replica i of that one to "
             "load, then takes what its runtime offers (`StageRuntime.shared_model`), so both run in one process: "
-            "both ``process`` (that stage's worker process runs this one's worker too, in a thread; its process "
-            "settings (``cpu_threads``, ``allocator``, ...) apply, and the two restart together) or both ``inline``. "
+            "both ``process`` (that stage's worker process runs this one's worker too, in a thread; the process "
+            "settings (``cpu_threads``, ``allocator``, ...) are set on that stage, and the two restart together) or both "
+            "``inline``. "
             "As many replicas and the same devices; the model part must take it."
         },
     )

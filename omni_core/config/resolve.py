@@ -166,6 +166,10 @@ def resolve_pipeline(
     )
 
 
+PROCESS_SETTINGS = ("cpu_threads", "nice", "allocator", "keep_freed_memory", "kernel_cache")
+"""A stage's settings of its worker process: one that runs in another's process takes that one's."""
+
+
 def _check_shared_models(stages: list[ResolvedStage], model_path: str) -> None:
     """`StageDeploy.share_model_with`: the stage exists, is another one whose runtime offers its
     model, and both run in one process (both ``process``, or both ``inline``) with as many replicas
@@ -203,6 +207,14 @@ def _check_shared_models(stages: list[ResolvedStage], model_path: str) -> None:
                 f"and {stage.replicas} on {list(stage.devices)}",
                 key=key,
             )
+        if stage.placement == "process":  # one process: its settings are the host's
+            for setting in PROCESS_SETTINGS:
+                if getattr(stage, setting) != getattr(host, setting):
+                    raise ConfigError(
+                        f"stage {stage.name!r} runs in stage {host_name!r}'s worker process, whose {setting} is "
+                        f"{getattr(host, setting)!r}: set it on {host_name!r} (not {getattr(stage, setting)!r} on {stage.name!r})",
+                        key=f"stages.{stage.name}.{setting}",
+                    )
         dtypes = [other.options.get("dtype") for other in (host, stage)]
         if all(d in ("float32", "bfloat16", "float16", CHECKPOINT_DTYPE) for d in dtypes):
             host_dtype, own = (checkpoint_dtype(model_path) if d == CHECKPOINT_DTYPE else d for d in dtypes)
