@@ -101,11 +101,12 @@ class StageWorker:
         self.requests: dict[str, _RequestState] = {}
         self.allocator = running_allocator()  # (in an inline worker: the engine's process's)
         self.runtime: StageRuntime | None = None
-        self.shared_models = shared_models
-        # Whether another stage runs on this one's loaded model (``share_model_with``).
+        # Whether another stage runs on this one's loaded model (``share_model_with``), and where
+        # the two hand it over (the engine's for inline stages, the worker process's otherwise).
         self.shares_out = any(other.share_model_with == stage.name for other in pipeline.stages)
         if (self.shares_out or stage.share_model_with) and shared_models is None:
-            raise StageError(stage.name, "share_model_with needs the engine's SharedModels (inline placement)")
+            raise StageError(stage.name, "share_model_with needs a SharedModels where both stages run")
+        self.shared_models: SharedModels = shared_models  # type: ignore[assignment]  (unused when nothing is shared)
 
     def _edge_adapter(self, edge: ResolvedEdge) -> EdgeAdapter:
         context = PartContext(self.pipeline, self.stage, edge, self.replica)
@@ -116,27 +117,24 @@ class StageWorker:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def load(self) -> None:
+        models = self.shared_models
         if self.shares_out:  # a stage loading from now on waits for this load's outcome
-            assert self.shared_models is not None
-            self.shared_models.withdraw(self.stage.name, self.replica)
+            models.withdraw(self.stage.name, self.replica)
         try:
             runtime_cls = load_ref(self.stage.runtime_ref)
             runtime = runtime_cls(self.pipeline, self.stage, self.replica)
             if self.stage.share_model_with is not None:
-                assert self.shared_models is not None
                 self.send(m.Progress(f"waiting for stage {self.stage.share_model_with!r} to load the model it shares", 0.0))
-                runtime.shared = self.shared_models.wait(self.stage.share_model_with, self.replica)
+                runtime.shared = models.wait(self.stage.share_model_with, self.replica)
             runtime.load(lambda description, fraction: self.send(m.Progress(description, fraction)))
             if self.shares_out:
                 shared = runtime.shared_model()
                 if shared is None:
                     raise StageError(self.stage.name, f"its {self.stage.kind!r} runtime has no model to share")
-                assert self.shared_models is not None
-                self.shared_models.publish(self.stage.name, self.replica, shared)
+                models.publish(self.stage.name, self.replica, shared)
         except BaseException as exc:
             if self.shares_out:  # whoever waits for this model must not wait forever
-                assert self.shared_models is not None
-                self.shared_models.publish(self.stage.name, self.replica, error=f"{type(exc).__name__}: {exc}")
+                models.publish(self.stage.name, self.replica, error=f"{type(exc).__name__}: {exc}")
             raise
         self.runtime = runtime
         self.send(m.Ready(os.getpid()))
@@ -168,7 +166,6 @@ class StageWorker:
         for request_id in list(self.requests):
             self._forget(request_id)
         if self.shares_out:
-            assert self.shared_models is not None
             self.shared_models.withdraw(self.stage.name, self.replica)
         if self.runtime is not None:
             self.runtime.close()

@@ -16,7 +16,7 @@ import attrs
 
 from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
-from omni_core.errors import ConfigError, InvalidRequestError
+from omni_core.errors import ConfigError, InvalidRequestError, StageError
 from omni_core.outputs import Chunk, Payload, StageInput
 from omni_core.stages.ar_model import ARDelta, ARModel
 from omni_core.stages.ar_options import AROptions
@@ -186,10 +186,15 @@ class ARStageRuntime(StageRuntime):
     def shared_model(self) -> Any:
         """The `torch.nn.Module` vLLM loaded (rank 0's, in this process): a stage deployed with
         ``share_model_with`` runs on its weights (`vllm_bridge.loaded_model`)."""
+        import torch
+
         from omni_core.stages import vllm_bridge
 
         assert self.engine is not None
-        return vllm_bridge.loaded_model(self.engine)
+        model = vllm_bridge.loaded_model(self.engine)
+        if not isinstance(model, torch.nn.Module):
+            raise StageError(self.stage.name, f"vLLM's engine did not hand back its model in this process (got {type(model).__name__})")
+        return model
 
     def close(self) -> None:
         if self.engine is not None:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import attrs
 
-from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError, StageError
+from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError
 from omni_core.refs import load_ref
 
 if TYPE_CHECKING:
@@ -573,18 +573,11 @@ def _loaded_model(worker: Any) -> Any:
     return worker.model_runner.get_model()
 
 
-def loaded_model(engine: LLMEngine) -> torch.nn.Module:
-    """The model module the engine loaded (rank 0's), as the object its forwards run on: the
-    engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as `create_engine` starts
-    it), so this is a reference, not a copy. Its weights are vLLM's after loading: a model class's
-    own ``nn.Module`` layers keep the checkpoint's tensors; vLLM's linear layers may repack theirs
-    (on CPU into oneDNN handles)."""
-    import torch
-
-    model = engine.collective_rpc(_loaded_model)[0]
-    if not isinstance(model, torch.nn.Module):
-        raise StageError("ar", f"vLLM's engine did not hand back its model in this process (got {type(model).__name__})")
-    return model
+def loaded_model(engine: LLMEngine) -> Any:
+    """The model module the engine loaded (rank 0's): a reference, not a copy, since `create_engine`
+    runs the engine in this process. A model class's own ``nn.Module`` layers keep the checkpoint's
+    tensors; vLLM's linear layers may repack theirs (on CPU into oneDNN handles)."""
+    return engine.collective_rpc(_loaded_model)[0]
 
 
 def drain_captured(engine: LLMEngine) -> list[CapturedRows]:
