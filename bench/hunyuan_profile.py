@@ -119,9 +119,11 @@ def main() -> None:
         mask = real[:, None, None, :].expand(rows, 1, tokens, padded + tokens).clone()
         mask[:, :, 0, padded + 1 :] = False  # <timestep> does not see the image
         layout = ImageRowsMask(tuple(n for n in lengths for _ in range(2)), padded)
+        past = (k[:, :, :padded], v[:, :, :padded])
+        new_k, new_v = k[:, :, padded:].contiguous(), v[:, :, padded:].contiguous()
         parts = {
             "attention, a dense boolean mask (before)": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), args.repeats),
-            "attention, ImageRowsMask (as run)": timed(device, lambda: layout.attend(q, k, v), args.repeats),
+            "attention, ImageRowsMask (as run)": timed(device, lambda: layout.attend(q, new_k, new_v, past), args.repeats),
             "attention, one unmasked call": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.repeats),
             "MoE (router, experts, shared)": timed(device, lambda: layer.mlp(hidden), args.repeats),
             "UNet embedder and head, one forward": timed(device, lambda: model.final_layer(

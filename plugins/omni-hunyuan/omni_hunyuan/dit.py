@@ -187,6 +187,9 @@ class HunyuanDiT(DiffusionModel):
 
     @torch.no_grad()
     def denoise(self, samples: list[DiffusionSample]) -> None:
+        # Rows sorted by prefix length attend in the fewest runs (`ImageRowsMask`); a request's rows
+        # (cond, uncond) have one length.
+        samples = sorted(samples, key=lambda sample: sample.state.prefix.cache.length)
         states: list[_State] = [s.state for s in samples]
         dtype = self.transformer.model.wte.weight.dtype
         prefixes = [state.prefix for state in states]

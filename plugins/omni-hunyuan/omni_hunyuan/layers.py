@@ -46,8 +46,9 @@ class ImageRowsMask:
     Row b's keys are the first ``lengths[b]`` of ``padded`` cached prefix keys (the rest is padding),
     then its new tokens: ``<timestep>`` and the image. Its ``<timestep>`` query sees the prefix and
     itself; its image queries see every key of the row. `attend` runs that as unmasked attention per
-    group of rows with one prefix length, which SDPA runs on its flash kernels: a dense boolean mask
-    sends it to a kernel ~3x slower at 1024x1024 (bench/hunyuan_profile.py).
+    run of consecutive rows with one prefix length, which SDPA runs on its flash kernels: a dense
+    boolean mask sends it to a kernel ~3x slower at 1024x1024 (bench/hunyuan_profile.py). Rows
+    sorted by prefix length make the fewest runs (`HunyuanDiT.denoise` sorts its requests so).
     """
 
     lengths: tuple[int, ...]
@@ -56,26 +57,40 @@ class ImageRowsMask:
     def rows(self, index: torch.Tensor) -> ImageRowsMask:
         return ImageRowsMask(tuple(self.lengths[i] for i in index.tolist()), self.padded)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """``q [B, heads, 1 + image, dim]``, ``k``/``v`` ``[B, kv_heads, padded + 1 + image, dim]``."""
-        out = None
-        groups: dict[int, list[int]] = {}
+    def runs(self) -> list[tuple[int, int, int]]:
+        """``(start, stop, length)`` of each run of consecutive rows with one prefix length."""
+        runs: list[tuple[int, int, int]] = []
         for row, length in enumerate(self.lengths):
-            groups.setdefault(length, []).append(row)
-        for length, rows in groups.items():
-            whole = len(rows) == len(self.lengths)
-            index = None if whole else torch.tensor(rows, device=q.device)
-            keys, values, queries = (t if whole else t.index_select(0, index) for t in (k, v, q))
-            if length < self.padded:
-                keys = torch.cat([keys[:, :, :length], keys[:, :, self.padded :]], dim=2)
-                values = torch.cat([values[:, :, :length], values[:, :, self.padded :]], dim=2)
-            image = F.scaled_dot_product_attention(queries[:, :, 1:], keys, values, enable_gqa=True)
-            step = F.scaled_dot_product_attention(queries[:, :, :1], keys[:, :, : length + 1], values[:, :, : length + 1], enable_gqa=True)
-            part = torch.cat([step, image], dim=2)
-            if whole:
+            if runs and runs[-1][2] == length:
+                runs[-1] = (runs[-1][0], row + 1, length)
+            else:
+                runs.append((row, row + 1, length))
+        return runs
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``q``/``k``/``v`` ``[B, heads or kv_heads, 1 + image, dim]`` of the new tokens, `past` the
+        padded prefix keys/values ``[B, kv_heads, padded, dim]``: the output ``[B, heads, 1 + image, dim]``.
+
+        Rows are sliced (views), never gathered: each run's keys are its prefix then its new keys (one
+        concatenation), and its queries run in one call, ``<timestep>`` included (it then saw the
+        image too: its output is recomputed over the prefix and itself, one query a row, in place).
+        Several runs write into one output laid out as ``o_proj`` reads it (`Attention.output`)."""
+        runs = self.runs()
+        batch, heads, seq, dim = q.shape
+        out = None
+        for start, stop, length in runs:
+            keys = torch.cat([past[0][start:stop, :, :length], k[start:stop]], dim=2)
+            values = torch.cat([past[1][start:stop, :, :length], v[start:stop]], dim=2)
+            queries = q[start:stop]
+            part = F.scaled_dot_product_attention(queries, keys, values, enable_gqa=True)
+            part[:, :, :1] = F.scaled_dot_product_attention(
+                queries[:, :, :1], keys[:, :, : length + 1], values[:, :, : length + 1], enable_gqa=True
+            )
+            if len(runs) == 1:
                 return part
-            out = torch.empty_like(q) if out is None else out
-            out.index_copy_(0, index, part)
+            if out is None:
+                out = q.new_empty(batch, seq, heads, dim).transpose(1, 2)
+            out[start:stop] = part
         assert out is not None
         return out
 
@@ -125,17 +140,20 @@ class Attention(nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | ImageRowsMask,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """Attention of the new tokens to `past` keys/values plus their own: the output ``[B, heads, S,
         head_dim]`` and the keys/values of past + new tokens (what a cache keeps).
 
         `mask` is boolean ``[B, 1, S, past + S]``, true where a query may see a key, or the layout
-        of a denoising forward (`ImageRowsMask`)."""
+        of a denoising forward (`ImageRowsMask`, which needs `past` and keeps no cache: a denoising
+        step's keys are not reused, so they are never concatenated whole)."""
+        if isinstance(mask, ImageRowsMask):
+            if past is None:
+                raise ValueError("ImageRowsMask attends to a cached prefix: pass past")
+            return mask.attend(q, k, v, past), None
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        if isinstance(mask, ImageRowsMask):
-            return mask.attend(q, k, v), (k, v)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), (k, v)
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
@@ -347,9 +365,9 @@ class DecoderLayer(nn.Module):
         mask: torch.Tensor | ImageRowsMask,
         past: tuple[torch.Tensor, torch.Tensor] | None = None,
         kernels: LayerKernels | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The layer's output for new tokens ``x`` and its keys/values of past + new tokens; `kernels`
-        (`LayerKernels`) run the pieces around attention and the experts."""
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """The layer's output for new tokens ``x`` and its keys/values of past + new tokens (None under
+        an `ImageRowsMask`); `kernels` (`LayerKernels`) run the pieces around attention and the experts."""
         kernels = EAGER if kernels is None else kernels
         q, k, v = kernels.qkv(self, x, cos, sin)
         out, cache = self.self_attn.attend(q, k, v, mask, past)

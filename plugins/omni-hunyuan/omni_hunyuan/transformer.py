@@ -121,8 +121,9 @@ class HunyuanImage3(nn.Module):
     def _run(
         self, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | ImageRowsMask, past: PrefixCache | None,
         kernels: LayerKernels = EAGER,
-    ) -> tuple[torch.Tensor, tuple[KV, ...]]:
-        """Hidden states (before ``ln_f``) of new tokens, and the caches of past + new tokens."""
+    ) -> tuple[torch.Tensor, tuple[KV | None, ...]]:
+        """Hidden states (before ``ln_f``) of new tokens, and the caches of past + new tokens (None
+        under an `ImageRowsMask`: a denoising forward keeps none)."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         batch = embeds.shape[0]
         cos, sin = cos.expand(batch, -1, -1), sin.expand(batch, -1, -1)
