@@ -19,7 +19,7 @@ the engine), never shared between replicas.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
@@ -93,6 +93,16 @@ class OutputAdapter(Part, abc.ABC):
     @abc.abstractmethod
     def to_output(self, chunk: Chunk) -> dict[str, Any]:
         """The user-facing payload of one chunk."""
+
+
+class InternalKeysOutput(OutputAdapter):
+    """A stage's chunks as the user sees them: as they are, less the keys of `internal` (what the
+    stage sends on to a later stage only: hidden states, keys/values). Subclass and set `internal`."""
+
+    internal: ClassVar[frozenset[str]] = frozenset()
+
+    def to_output(self, chunk: Chunk) -> dict[str, Any]:
+        return {key: value for key, value in chunk.data.items() if key not in self.internal}
 
 
 class InputProcessor(Part, abc.ABC):

@@ -162,3 +162,34 @@ def record(state: CacheState | None, branch: int, signal: torch.Tensor, residual
             state.computed_steps += 1
     elif branch == 0:
         state.skipped_steps += 1
+
+
+def finish_rows(
+    states: list[tuple[CacheState | None, int]], first: torch.Tensor, signal: torch.Tensor, compute: list[bool],
+    run_rest: Callable[[list[int], torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The whole stack's output for a batch with one sample row per index of dim 0, after `decide`.
+
+    `first` is every row's output of the first block and `signal` its first-block residual;
+    `run_rest(index, rows)` runs the remaining blocks on the rows `index` (`rows`: the same numbers
+    as an index on the device) and returns their outputs. The other rows add the residual the
+    remaining blocks added at their last computed step (one batched add). Records every row."""
+    import torch
+
+    def on_device(index: list[int]) -> torch.Tensor:
+        # Queued, not a stall: indexing with the list itself would wait for the device's queue.
+        return torch.tensor(index).to(first.device, non_blocking=True)
+
+    out = first.clone()
+    index = [i for i, c in enumerate(compute) if c]
+    if index:
+        rows = on_device(index)
+        out.index_copy_(0, rows, run_rest(index, rows))
+    reused = [i for i, c in enumerate(compute) if not c]
+    if reused:
+        rows = on_device(reused)
+        residuals = torch.stack([states[i][0].residual[states[i][1]] for i in reused])  # type: ignore[union-attr]
+        out.index_copy_(0, rows, first.index_select(0, rows) + residuals)
+    for i, (state, branch) in enumerate(states):
+        record(state, branch, signal[i], out[i] - first[i] if compute[i] else None)
+    return out

@@ -523,23 +523,14 @@ class Cosmos3Model(DiffusionModel):
         steps = [samples[i].step for i in row_sample]
         totals = [samples[i].total_steps for i in row_sample]
         compute = diffusion_cache.decide(cache_rows, signal, steps, totals, sums)
-        index = [i for i, c in enumerate(compute) if c]
-        out = gen.clone()
-        if index:
-            sub, rows = context.select(index), device_rows(index, gen.device)
-            rest = gen.index_select(0, rows)
+
+        def rest(index: list[int], rows: torch.Tensor) -> torch.Tensor:
+            sub, hidden = context.select(index), gen.index_select(0, rows)
             for layer_index, layer in enumerate(layers[1:], start=1):
-                rest = generator_layer(layer, rest, sub, layer_index, self.kernels)
-            out.index_copy_(0, rows, rest)
-        reused = [i for i, c in enumerate(compute) if not c]
-        if reused:  # one batched add for every row that reuses its residual
-            residuals = torch.stack([cache_rows[i][0].residual[cache_rows[i][1]] for i in reused])
-            rows = device_rows(reused, gen.device)
-            out.index_copy_(0, rows, gen.index_select(0, rows) + residuals)
-        for i, (state, branch) in enumerate(cache_rows):
-            if state is not None:
-                diffusion_cache.record(state, branch, signal[i], out[i] - gen[i] if compute[i] else None)
-        return out
+                hidden = generator_layer(layer, hidden, sub, layer_index, self.kernels)
+            return hidden
+
+        return diffusion_cache.finish_rows(cache_rows, gen, signal, compute, rest)
 
     # -- decoding --------------------------------------------------------------------------------
 

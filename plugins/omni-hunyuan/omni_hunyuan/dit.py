@@ -28,7 +28,7 @@ import attrs
 import torch
 
 from omni_core.engine.params import int_param
-from omni_core.errors import InvalidRequestError
+from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
 from omni_hunyuan.prompt import image_rows, reasoned_text_ids
@@ -72,14 +72,20 @@ class HunyuanDiT(DiffusionModel):
         from transformers import AutoTokenizer
 
         from omni_hunyuan.vae import load_vae
-        from omni_hunyuan.weights import load_transformer
+        from omni_hunyuan.weights import SharedBackboneError, load_transformer
 
         path = self.context.model_path
         self.config = HunyuanConfig.from_pretrained(path)
         self.defaults = generation_defaults(path)
         self.device = spec.device
         # With share_model_with: ar, the decoder runs on the modules the ar stage's vLLM engine loaded.
-        self.transformer = load_transformer(path, device=spec.device, dtype=getattr(torch, spec.dtype), backbone=spec.shared_model)
+        try:
+            self.transformer = load_transformer(path, device=spec.device, dtype=getattr(torch, spec.dtype), backbone=spec.shared_model)
+        except SharedBackboneError as exc:
+            stage = self.context.stage
+            name = stage.name if stage is not None else "dit"
+            host = stage.share_model_with if stage is not None else None
+            raise ConfigError(f"share_model_with: {host!r}: {exc}", key=f"stages.{name}.{exc.setting}") from None
         if spec.compile:
             self.transformer.compile_layers()
         self.vae = load_vae(path, self.config.vae, device=spec.device)

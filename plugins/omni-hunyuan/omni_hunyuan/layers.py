@@ -8,7 +8,7 @@ keep their ``[up; gate]`` rows and the router its fp32 ``gate.wg``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import attrs
 import torch
@@ -54,8 +54,8 @@ class ImageRowsMask:
     lengths: tuple[int, ...]
     padded: int
 
-    def rows(self, index: torch.Tensor) -> ImageRowsMask:
-        return ImageRowsMask(tuple(self.lengths[i] for i in index.tolist()), self.padded)
+    def rows(self, index: list[int]) -> ImageRowsMask:
+        return ImageRowsMask(tuple(self.lengths[i] for i in index), self.padded)
 
     def runs(self) -> list[tuple[int, int, int]]:
         """``(start, stop, length)`` of each run of consecutive rows with one prefix length."""
@@ -268,6 +268,19 @@ class MoE(nn.Module):
         if self.shared_mlp is not None:
             routed = routed + self.shared_mlp(tokens)
         return routed.reshape(shape)
+
+
+def group_experts(layers: Iterable[nn.Module]) -> None:
+    """Stack each layer's experts for grouped GEMMs (`MoE.group_experts`) where the kernel takes them:
+    bias-free experts in bfloat16 on CUDA. Elsewhere (CPU, fp32, biases), and for experts already
+    grouped, the experts stay as they are."""
+    for layer in layers:
+        moe = layer.mlp
+        if moe.grouped or not len(moe.experts):
+            continue
+        down = moe.experts[0].down_proj
+        if down.weight.is_cuda and down.weight.dtype == torch.bfloat16 and down.bias is None:
+            moe.group_experts()
 
 
 def weigh_slots(out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskS
 from omni_core.engine.inputs import last_user_text
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.parts import EdgeAdapter, InputProcessor, OutputAdapter
+from omni_core.parts import EdgeAdapter, InputProcessor, InternalKeysOutput
 
 STAGE = "dit"
 AR_STAGE = "ar"
@@ -223,8 +223,7 @@ class ReasoningAdapter(EdgeAdapter):
         return StageInput(data=data, final=True)
 
 
-class ReasoningOutput(OutputAdapter):
+class ReasoningOutput(InternalKeysOutput):
     """The ``ar`` stage's chunks as the user sees them: without the keys/values meant for ``dit``."""
 
-    def to_output(self, chunk: Chunk) -> dict[str, Any]:
-        return {key: value for key, value in chunk.data.items() if key != PREFIX_KV_PARAM}
+    internal = frozenset({PREFIX_KV_PARAM})

@@ -242,25 +242,16 @@ class HunyuanImage3(nn.Module):
         first, _ = layers[0](embeds, cos, sin, mask, prefix.layers[0], self.kernels)
         signal = first - embeds
         compute = diffusion_cache.decide(cache_rows, signal, steps, totals)
-        out = first.clone()
-        index = [i for i, c in enumerate(compute) if c]
-        if index:
-            rows = torch.tensor(index, device=embeds.device)
+
+        def rest(index: list[int], rows: torch.Tensor) -> torch.Tensor:
             hidden, sub_cos, sub_sin = (t.index_select(0, rows) for t in (first, cos, sin))
-            sub_mask = mask.rows(rows)
+            sub_mask = mask.rows(index)
             for number, layer in enumerate(layers[1:], start=1):
-                keys, values = prefix.layers[number]
-                past = (keys.index_select(0, rows), values.index_select(0, rows))
+                past = tuple(t.index_select(0, rows) for t in prefix.layers[number])
                 hidden, _ = layer(hidden, sub_cos, sub_sin, sub_mask, past, self.kernels)
-            out.index_copy_(0, rows, hidden)
-        reused = [i for i, c in enumerate(compute) if not c]
-        if reused:
-            rows = torch.tensor(reused, device=embeds.device)
-            residuals = torch.stack([cache_rows[i][0].residual[cache_rows[i][1]] for i in reused])
-            out.index_copy_(0, rows, first.index_select(0, rows) + residuals)
-        for i, (state, branch) in enumerate(cache_rows):
-            diffusion_cache.record(state, branch, signal[i], out[i] - first[i] if compute[i] else None)
-        return out
+            return hidden
+
+        return diffusion_cache.finish_rows(cache_rows, first, signal, compute, rest)
 
     def velocity_from_ids(
         self, input_ids: torch.Tensor, latents: torch.Tensor, timestep: torch.Tensor, image_token_id: int

@@ -57,7 +57,7 @@ from vllm.multimodal.processing import (
 from omni_core.stages.vllm_bridge import HiddenStateCapture
 from omni_hunyuan.ar import ARCHITECTURE, KV_EXPORT_ARG
 from omni_hunyuan.config import HunyuanConfig
-from omni_hunyuan.layers import MoE, RMSNorm
+from omni_hunyuan.layers import MoE, RMSNorm, group_experts
 from omni_hunyuan.pipeline import MAX_IMAGES
 from omni_hunyuan.resolution import ratio_sizes
 from omni_hunyuan.rope import apply_rope, rope_tables
@@ -237,13 +237,9 @@ class _TextModel(nn.Module):
         missing = set(params) - loaded
         if missing:
             raise ValueError(f"checkpoint lacks {sorted(missing)[:8]}")
-        experts = self.model.layers[0].mlp.experts
-        weight = experts[0].down_proj.weight if len(experts) else None
-        if weight is not None and weight.is_cuda and weight.dtype == torch.bfloat16 and not self.config.mlp_bias:
-            # Grouped GEMMs, as `omni_hunyuan.weights.load_transformer` runs them; here, before vLLM captures
-            # its graphs, so a dit stage sharing these modules (share_model_with) takes them grouped.
-            for layer in self.model.layers:
-                layer.mlp.group_experts()
+        # Grouped GEMMs where they apply, as `omni_hunyuan.weights.load_transformer` runs them; here, before
+        # vLLM captures its graphs, so a dit stage sharing these modules (share_model_with) takes them grouped.
+        group_experts(self.model.layers)
         return loaded
 
 

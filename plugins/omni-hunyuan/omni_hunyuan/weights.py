@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omni_core.errors import ConfigError
 from omni_hunyuan.config import HunyuanConfig
+from omni_hunyuan.layers import group_experts
 from omni_hunyuan.transformer import HunyuanImage3
 
 SINGLE_FILE = "model.safetensors"
@@ -97,29 +97,38 @@ def load_transformer(
             # Cast each tensor once, from the file's dtype: the fp32 router never goes through `dtype`.
             target = torch.float32 if ".mlp.gate." in name else dtype
             param.data = param.data.to(device=device, dtype=target)
-    if backbone is None and str(device).startswith("cuda") and dtype == torch.bfloat16 and not config.mlp_bias:
-        for layer in model.model.layers:
-            layer.mlp.group_experts()  # one grouped GEMM per projection instead of a loop over experts
+    if backbone is None:
+        group_experts(model.model.layers)
     return model.eval()
 
 
+class SharedBackboneError(ValueError):
+    """The model another stage offers (``share_model_with``) cannot serve as this transformer's decoder;
+    `setting` names the deploy setting to change (``share_model_with`` or ``dtype``)."""
+
+    def __init__(self, message: str, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
 def _share_backbone(model: HunyuanImage3, vllm_model: nn.Module, device: str, dtype: torch.dtype) -> None:
-    """Make `model`'s decoder modules those of the ``ar`` stage's vLLM model (same classes and
-    parameter names: `omni_hunyuan.vllm_model`), refusing a model of another layout, dtype or device."""
+    """Make `model`'s decoder modules those of the text stage's vLLM model (same classes and
+    parameter names: `omni_hunyuan.vllm_model`), refusing a model of another layout, dtype or device
+    (`SharedBackboneError`)."""
     source = getattr(vllm_model, "model", None)
     layers = getattr(source, "layers", ())
     if not isinstance(source, nn.Module) or not hasattr(source, "wte") or len(layers) != len(model.model.layers):
-        raise ConfigError(
-            f"share_model_with: the ar stage's model ({type(vllm_model).__name__}) is not Omni's HunyuanImage-3.0 vLLM "
-            f"model with {len(model.model.layers)} layers",
-            key="stages.dit.share_model_with",
+        raise SharedBackboneError(
+            f"the shared model ({type(vllm_model).__name__}) is not Omni's HunyuanImage-3.0 vLLM model with "
+            f"{len(model.model.layers)} layers",
+            "share_model_with",
         )
     weight = source.wte.weight
     if weight.dtype != dtype or weight.device.type != torch.device(device).type:
-        raise ConfigError(
-            f"share_model_with: the ar stage holds its weights as {weight.dtype} on {weight.device}, the dit stage "
-            f"runs {dtype} on {device}: give both stages one dtype and device",
-            key="stages.dit.dtype",
+        raise SharedBackboneError(
+            f"the shared model holds its weights as {weight.dtype} on {weight.device}, this stage runs {dtype} on "
+            f"{device}: give both stages one dtype and device",
+            "dtype",
         )
     target = model.model
     target.wte, target.ln_f = source.wte, source.ln_f

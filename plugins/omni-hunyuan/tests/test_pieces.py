@@ -181,3 +181,21 @@ def test_compiled_layer_kernels_equal_eager(checkpoint: Path) -> None:
                 got, _ = layer(x, cos, sin, mask, past, compiled)
                 torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # fp32, sums in another order
                 assert no_cache is None  # a denoising forward keeps no keys/values
+
+
+def test_a_shared_model_of_another_layout_or_dtype_is_refused_naming_the_setting(checkpoint: Path) -> None:
+    """`load_transformer(backbone=...)` takes the decoder of the text stage's model only if it has this
+    checkpoint's layout and runs in this stage's dtype; else `SharedBackboneError` names the setting."""
+    import pytest
+    from omni_hunyuan.weights import SharedBackboneError, load_transformer
+    from torch import nn
+
+    text_model = load_transformer(checkpoint)  # has `.model` (wte, layers, ln_f), as the vLLM model does
+    with pytest.raises(SharedBackboneError, match="is not Omni's HunyuanImage-3.0 vLLM model") as wrong:
+        load_transformer(checkpoint, backbone=nn.Linear(2, 2))
+    assert wrong.value.setting == "share_model_with"
+    with pytest.raises(SharedBackboneError, match="torch.float32 on cpu, this stage runs torch.bfloat16") as dtype:
+        load_transformer(checkpoint, dtype=torch.bfloat16, backbone=text_model)
+    assert dtype.value.setting == "dtype"
+    shared = load_transformer(checkpoint, backbone=text_model)
+    assert shared.model.layers[0].mlp is text_model.model.layers[0].mlp

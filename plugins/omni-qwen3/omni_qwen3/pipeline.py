@@ -17,8 +17,8 @@ from typing import Any
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec
 from omni_core.errors import ConfigError
-from omni_core.outputs import Chunk
-from omni_core.parts import OutputAdapter
+from omni_core.parts import InternalKeysOutput
+from omni_qwen3.thinker import EMBEDS_KEY, HIDDEN_KEY
 
 FAMILY = "qwen3-omni"
 THINKER_ONLY_ARCHITECTURE = "Qwen3OmniMoeThinkerForConditionalGeneration"
@@ -106,10 +106,7 @@ def _im_end_id(model_path: str, hf_config: dict[str, Any]) -> int:
     raise ConfigError(f"{tokenizer_file} has no <|im_end|> token and config.json no im_end_token_id", key="im_end_token_id")
 
 
-class ThinkerOutput(OutputAdapter):
+class ThinkerOutput(InternalKeysOutput):
     """The thinker's chunks as the user gets them: without the hidden-state rows meant for the talker."""
 
-    def to_output(self, chunk: Chunk) -> dict[str, Any]:
-        from omni_qwen3.thinker import EMBEDS_KEY, HIDDEN_KEY
-
-        return {key: value for key, value in chunk.data.items() if key not in (EMBEDS_KEY, HIDDEN_KEY)}
+    internal = frozenset({EMBEDS_KEY, HIDDEN_KEY})
