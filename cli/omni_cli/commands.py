@@ -39,7 +39,7 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--modalities", default=None, help="Comma-separated outputs, e.g. text,audio (default: the pipeline's).")
 @click.option("--stage-params", default=None, metavar="JSON", help='Per-stage parameters, e.g. \'{"thinker": {"max_tokens": 32}}\'.')
 @click.option("--task", default=None, help="The pipeline task to run, for a family with tasks (default: the modalities pick it).")
-@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="An input image file (repeatable), sent before the prompt in one chat message, as image_url parts: for a model that reads images (e.g. Qwen3-Omni, HunyuanImage-3.0 i2t).")
+@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="An input image file (repeatable), sent before the prompt in one chat message, as image_url parts: for a model that reads images (e.g. Qwen3-Omni, HunyuanImage-3.0 i2t; for Cosmos3 with --modalities action, the first frame).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Directory for media outputs (WAV, PNG, MP4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with prompt_token_ids and token_ids).")
 @click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")

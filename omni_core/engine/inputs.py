@@ -59,3 +59,42 @@ def last_user_text(messages: list[dict[str, Any]], reads: tuple[str, ...] = ()) 
             texts = [part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"]
             return " ".join(texts) or None
     return None
+
+
+def last_user_images(messages: list[dict[str, Any]] | None, limit: int, reader: str) -> list[Any]:
+    """The images of the last user message in OpenAI chat `messages`, in order, as PIL RGB images:
+    ``image_url`` parts with base64 ``data:`` URLs (a server has already read any URL its operator
+    allows into one; a string is never opened as a path) or ``image`` parts holding a PIL image.
+
+    More than `limit`, or an image in an earlier message (it would be lost), is an
+    `InvalidRequestError` naming `reader` (the model, e.g. ``"Cosmos3"``)."""
+    from omni_core.media_access import data_url_bytes
+    from omni_core.media_decode import open_image
+
+    listed = [m for m in messages or () if isinstance(m, dict)]
+    last = next((i for i in range(len(listed) - 1, -1, -1) if listed[i].get("role") == "user"), None)
+    parts: list[dict[str, Any]] = []
+    for number, message in enumerate(listed):
+        content = message.get("content")
+        found = [p for p in (content if isinstance(content, list) else ()) if isinstance(p, dict) and p.get("type") in ("image_url", "image")]
+        if found and number != last:
+            raise InvalidRequestError(f"messages[{number}]: {reader} reads the images of the last user message only", param="messages")
+        parts += found
+    if len(parts) > limit:
+        raise InvalidRequestError(f"messages: {len(parts)} images; {reader} takes at most {limit} per request", param="messages")
+    images: list[Any] = []
+    for part in parts:
+        where = f"messages: image {len(images) + 1}"
+        if part["type"] == "image_url":
+            value = part.get("image_url")
+            url = value.get("url") if isinstance(value, dict) else value
+            if not isinstance(url, str):
+                raise InvalidRequestError(f"{where}: image_url needs a url", param="messages")
+            images.append(open_image(data_url_bytes(url, where)[1], where, "messages"))
+        else:
+            from PIL import Image
+
+            if not isinstance(part.get("image"), Image.Image):
+                raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
+            images.append(part["image"].convert("RGB"))
+    return images

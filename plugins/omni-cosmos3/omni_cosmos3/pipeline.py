@@ -5,7 +5,8 @@ videos, the videos' audio and, on checkpoints trained with ``action_gen``, robot
 parameters: ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``fps``,
 ``num_frames``, ``task`` (``t2i``, ``t2v``, ``t2va``, ``policy``, ``inverse_dynamics``), ``cache``
 and, for the action tasks, ``domain``, ``chunk_size``, ``resolution_tier``, ``view_point``,
-``image``/``video`` (conditioning frames: arrays, PIL images or base64 ``data:`` URLs; the stage
+``image``/``video`` (conditioning frames: arrays, PIL images or base64 ``data:`` URLs, or for
+``image`` an image part of the chat message, as ``omni generate --image`` sends it; the stage
 never opens a string as a path; over HTTP the server also reads the ``file://``/``http(s)://`` URLs its
 operator allowed into data URLs: `Cosmos3Model.media_params`).
 Request fields (`OmniRequest.extra`: ``size`` as (width, height), ``seconds``, ``seed``, ``n``, and
@@ -19,10 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from omni_core.config.pipeline import PipelineConfig, StageSpec
-from omni_core.engine.inputs import last_user_text
+from omni_core.engine.inputs import last_user_images, last_user_text
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.parts import InputProcessor
+from omni_cosmos3.tasks import ACTION_TASKS
 
 STAGE = "generator"
 DEFAULT_DEPLOY = "omni_cosmos3:deploy/default.yaml"
@@ -62,9 +64,11 @@ class Cosmos3InputProcessor(InputProcessor):
     """Request -> the ``generator`` stage's input: the prompt, the task and the request fields."""
 
     def process(self, request: Any) -> dict[str, StageInput]:
-        prompt = request.prompt
+        prompt, images = request.prompt, []
         if prompt is None and request.messages:
-            prompt = last_user_text(request.messages)
+            prompt = last_user_text(request.messages, reads=("image_url", "image"))
+            # An image in the message is the action tasks' first frame (``image``), as `omni generate --image` sends it.
+            images = last_user_images(request.messages, 1, "Cosmos3")
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("Cosmos3 needs a text prompt", param="prompt")
         modalities = tuple(request.modalities or self.context.pipeline.default_modalities)
@@ -72,6 +76,15 @@ class Cosmos3InputProcessor(InputProcessor):
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 data[key] = request.extra[key]
+        if images:
+            if "image" in data or "video" in data:
+                raise InvalidRequestError("give the first frame once: an image in the message or the image/video field", param="messages")
+            if data["task"] not in ACTION_TASKS:
+                raise InvalidRequestError(
+                    f"an image is a first frame for the action tasks (modalities [\"action\"]); task {data['task']!r} takes none",
+                    param="messages",
+                )
+            data["image"] = images[0]
         if "size" in data:
             data["size"] = tuple(data["size"])
         return {STAGE: StageInput(data=data, final=True)}

@@ -183,6 +183,48 @@ def test_actions_reach_the_user_and_the_cli(tmp_path, pipeline, batched):
     assert printed["actions"]["shape"] == [4, 10]
     np.testing.assert_allclose(np.array(printed["actions"]["values"]), result.actions, atol=1e-6)
 
+    # `--image FILE`: the image part of the chat message is the first frame.
+    path = tmp_path / "first.png"
+    path.write_bytes(buffer.getvalue())
+    del params["generator"]["image"]
+    cli_out = CliRunner().invoke(
+        cli, ["generate", MODEL, "--prompt", "A robot arm picks up a blue cube", "--image", str(path), "--modalities", "action",
+              "--json", "--set", "generator.placement=inline", "--stage-params", json.dumps(params)],
+    )
+    assert cli_out.exit_code == 0, cli_out.output
+    printed = json.loads(cli_out.stdout[cli_out.stdout.index("{"):])
+    np.testing.assert_allclose(np.array(printed["actions"]["values"]), result.actions, atol=1e-6)
+
+
+def test_a_message_image_is_the_first_frame_of_action_tasks_only(pipeline):
+    """The input processor takes one image part of the last user message as ``image``; a second image,
+    one for a task without a first frame, or one beside the ``image``/``video`` field is a 400-class
+    error naming ``messages``."""
+    from PIL import Image
+
+    from omni_core.engine.request import OmniRequest
+    from omni_core.parts import PartContext
+    from omni_cosmos3.pipeline import Cosmos3InputProcessor
+
+    processor = Cosmos3InputProcessor(PartContext(pipeline))
+    buffer = io.BytesIO()
+    Image.fromarray(frames(0, 1)[0]).save(buffer, format="PNG")
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
+
+    def message(*parts: dict) -> list[dict]:
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "A robot arm picks up a blue cube"}]}]
+
+    data = processor.process(OmniRequest(messages=message(part), modalities=("action",)))["generator"].data
+    assert data["task"] == "policy" and np.array_equal(np.asarray(data["image"]), frames(0, 1)[0])
+    for request in (
+        OmniRequest(messages=message(part, part), modalities=("action",)),
+        OmniRequest(messages=message(part), modalities=("image",)),
+        OmniRequest(messages=message(part), modalities=("action",), extra={"image": frames(1, 1)[0]}),
+    ):
+        with pytest.raises(InvalidRequestError) as info:
+            processor.process(request)
+        assert info.value.param == "messages"
+
 
 def _request(image: np.ndarray):
     from omni_core.engine.request import OmniRequest

@@ -33,7 +33,7 @@ from omni_hunyuan.ar import PREFIX_KV_PARAM
 from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskSpec
-from omni_core.engine.inputs import last_user_text
+from omni_core.engine.inputs import last_user_images, last_user_text
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, InputProcessor, InternalKeysOutput
@@ -110,7 +110,7 @@ class HunyuanInputProcessor(InputProcessor):
         prompt = request.prompt
         if prompt is None and request.messages:
             prompt = last_user_text(request.messages, reads=("image_url", "image"))
-        images = request_images(request)
+        images = last_user_images(request.messages, MAX_IMAGES, "HunyuanImage-3.0")
         if images and request.task in ("t2t", "i2t") and prompt is None:
             prompt = ""  # an image alone is a prompt for i2t
         elif not isinstance(prompt, str) or not prompt.strip():
@@ -153,42 +153,6 @@ class HunyuanInputProcessor(InputProcessor):
             AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task}, final=True, params=ar_params),
             STAGE: StageInput(data={}, params=dit),  # its text comes from ar (ReasoningAdapter)
         }
-
-
-def request_images(request: Any) -> list[Any]:
-    """The images of the request's last user message, in order: ``image_url`` parts with base64
-    ``data:`` URLs (the server has already read any URL the operator allows) or ``image`` parts holding
-    a PIL image; at most `MAX_IMAGES`. An image in an earlier message is an error (it would be lost)."""
-    from omni_core.media_access import data_url_bytes
-    from omni_core.media_decode import open_image
-
-    messages = [m for m in request.messages or () if isinstance(m, dict)]
-    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
-    parts: list[dict[str, Any]] = []
-    for number, message in enumerate(messages):
-        content = message.get("content")
-        found = [p for p in (content if isinstance(content, list) else ()) if isinstance(p, dict) and p.get("type") in ("image_url", "image")]
-        if found and number != last:
-            raise InvalidRequestError(f"messages[{number}]: HunyuanImage-3.0 reads the images of the last user message only", param="messages")
-        parts += found
-    if len(parts) > MAX_IMAGES:
-        raise InvalidRequestError(f"messages: {len(parts)} images; at most {MAX_IMAGES} per request", param="messages")
-    images: list[Any] = []
-    for part in parts:
-        where = f"messages: image {len(images) + 1}"
-        if part["type"] == "image_url":
-            value = part.get("image_url")
-            url = value.get("url") if isinstance(value, dict) else value
-            if not isinstance(url, str):
-                raise InvalidRequestError(f"{where}: image_url needs a url", param="messages")
-            images.append(open_image(data_url_bytes(url, where)[1], where, "messages"))
-        else:
-            from PIL import Image
-
-            if not isinstance(part.get("image"), Image.Image):
-                raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
-            images.append(part["image"].convert("RGB"))
-    return images
 
 
 def system_text(messages: Any) -> str | None:

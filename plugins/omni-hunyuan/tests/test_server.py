@@ -109,7 +109,7 @@ def test_an_image_in_the_message_runs_i2t(client: openai.OpenAI, server: LiveSer
     assert response.status_code == 400 and "cannot decode the image" in response.json()["error"]["message"], response.text
     picture = {"type": "image_url", "image_url": {"url": _png_url(red)}}
     for messages, message in (
-        ([{"role": "user", "content": [picture] * 4 + [{"type": "text", "text": "?"}]}], "4 images; at most 3"),
+        ([{"role": "user", "content": [picture] * 4 + [{"type": "text", "text": "?"}]}], "4 images; HunyuanImage-3.0 takes at most 3"),
         ([{"role": "user", "content": [picture]}, {"role": "assistant", "content": "a red square"}, {"role": "user", "content": "and now?"}],
          "messages[0]: HunyuanImage-3.0 reads the images of the last user message only"),
     ):
