@@ -100,6 +100,19 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(device: str, fn: Callable[[], Any], repeats: int) -> float:
+    """Seconds per call of `fn`: the best of `repeats` after a warm-up call."""
+    fn()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_ceiling(device: str, dtype: str, n: int, repeats: int = 5, inner: int = 10) -> float:
     """FLOP/s of an ``n^3`` matmul in `dtype` on `device`: the best of `repeats` runs of `inner` matmuls."""
     import torch

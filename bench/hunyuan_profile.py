@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from diffusion import matmul_ceiling, synchronize
+from diffusion import matmul_ceiling, synchronize, timed
 from hunyuan_image3 import RELEASE, Flops
 
 TINY = {**RELEASE, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attention_head_dim": 32,
@@ -50,19 +49,6 @@ def build(spec: dict[str, Any], layers: int, device: str, dtype: Any) -> Any:
         for layer in model.model.layers:
             layer.mlp.group_experts()
     return model.eval()
-
-
-def timed(device: str, fn: Any, repeats: int) -> float:
-    """Seconds per call: the best of `repeats` after a warm-up call."""
-    fn()
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:

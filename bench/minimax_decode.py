@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from diffusion import synchronize
+from diffusion import timed
 
 
 def fp32_where_kept(model: Any, dtype: Any) -> Any:
@@ -30,18 +29,6 @@ def fp32_where_kept(model: Any, dtype: Any) -> Any:
     for name, param in model.named_parameters():
         param.data = param.data.to(torch.float32 if keep & set(name.split(".")) else dtype)
     return model
-
-
-def timed(device: str, fn: Any, repeats: int) -> float:
-    fn()
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:

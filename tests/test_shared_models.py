@@ -49,3 +49,32 @@ def test_a_failed_host_load_ends_the_wait_with_its_reason():
     models.publish("ar", 0, error="OSError: no weights")
     waiter.join(5)
     assert not waiter.is_alive() and len(errors) == 1 and "no weights" in str(errors[0])
+
+
+async def test_after_its_host_reloads_a_sharing_stage_runs_on_the_new_model():
+    """A host stage that fails a step reloads in place and publishes a new model; the stage sharing
+    it loads again on that one before its next request (it does not keep the old one alive)."""
+    import asyncio
+
+    import attrs
+
+    from omni_core.engine.async_engine import AsyncOmniEngine
+    from omni_core.engine.request import OmniRequest
+    from omni_core.testing.fakes import passthrough_pipeline
+
+    pipeline = passthrough_pipeline(stages=2)
+    host, guest = (attrs.evolve(s, runtime_ref="omni_core.testing.fakes:SharingRuntime") for s in pipeline.stages)
+    pipeline = attrs.evolve(pipeline, stages=(host, attrs.evolve(guest, share_model_with="s0")))
+
+    async def run(engine: AsyncOmniEngine, request: OmniRequest) -> dict:
+        deltas = [d async for d in engine.generate(request)]
+        return deltas[-1].data
+
+    async with AsyncOmniEngine(pipeline) as engine:
+        first = await asyncio.wait_for(run(engine, OmniRequest(prompt="a")), 30)
+        assert first["s1_model"] == first["s0_model"]
+        with pytest.raises(StageError, match="stage failure on purpose"):
+            await asyncio.wait_for(run(engine, OmniRequest(prompt="b", params={"s0": {"fail": "stage"}})), 30)
+        after = await asyncio.wait_for(run(engine, OmniRequest(prompt="c")), 30)
+        assert after["s0_model"] != first["s0_model"]  # the host reloaded: a new model
+        assert after["s1_model"] == after["s0_model"]  # and its guest runs on it

@@ -170,8 +170,8 @@ class StageDeploy:
             "load, then takes what its runtime offers (`StageRuntime.shared_model`), so both run in one process: "
             "both ``process`` (that stage's worker process runs this one's worker too, in a thread; the process "
             "settings (``cpu_threads``, ``allocator``, ...) are set on that stage, and the two restart together) or both "
-            "``inline``. "
-            "As many replicas and the same devices; the model part must take it."
+            "``inline``. When that stage reloads its runtime (after a failed step), this one loads again on the new "
+            "model between its requests. As many replicas and the same devices; the model part must take it."
         },
     )
     ray: RayStageDeploy = attrs.field(

@@ -40,6 +40,11 @@ class SharedModels:
         with self._ready:
             self._models.pop((stage, replica), None)
 
+    def current(self, stage: str, replica: int) -> Any:
+        """The model replica `replica` of `stage` has published now (None: none, or it is reloading)."""
+        with self._ready:
+            return self._models.get((stage, replica), (None, None))[0]
+
     def wait(self, stage: str, replica: int, timeout: float | None = None) -> Any:
         """The model replica `replica` of `stage` published, once it has; `StageError` if it could
         not load or nothing came within `timeout` seconds."""

@@ -152,6 +152,11 @@ class StageWorker:
                 assert self.runtime is not None
                 busy = self.runtime.has_unfinished()
                 messages = self._drain(inbox, block=not busy)  # outside the batch: this may block
+                if not self.requests and self._host_reloaded():
+                    # Between requests: let the old model go rather than keep it beside the new one.
+                    logger.info("stage %s replica %d: stage %s reloaded the model they share; loading on the new one",
+                                self.stage.name, self.replica, self.stage.share_model_with)
+                    self._reload_runtime()
                 with self.batch():
                     for message in messages:
                         if isinstance(message, m.Shutdown):
@@ -161,6 +166,24 @@ class StageWorker:
                     self._step()
         finally:
             self.close()
+
+    def _host_reloaded(self) -> bool:
+        """Whether the stage whose model this one shares (``share_model_with``) has loaded a new one
+        since (it reloaded its runtime after a failed step): this runtime still holds the old one."""
+        host = self.stage.share_model_with
+        if host is None or self.runtime is None:
+            return False
+        current = self.shared_models.current(host, self.replica)
+        return current is not None and current is not self.runtime.shared
+
+    def _reload_runtime(self) -> None:
+        """Close the runtime and load a new one (on a shared model: the one its host has now)."""
+        assert self.runtime is not None
+        try:
+            self.runtime.close()
+        finally:
+            self.runtime = None
+        self.load()
 
     def close(self) -> None:
         for request_id in list(self.requests):
@@ -301,9 +324,4 @@ class StageWorker:
         self.send(m.StageFailed(f"{type(exc).__name__}: {exc}", failed))
         if getattr(exc, "restart_worker", False):
             raise exc  # the worker ends; the stage group restarts it
-        assert self.runtime is not None
-        try:
-            self.runtime.close()
-        finally:
-            self.runtime = None
-        self.load()
+        self._reload_runtime()

@@ -331,7 +331,8 @@ class ARStageRuntime(StageRuntime):
                 internal_id = vllm_bridge.add_session_turn(self._engine(), request_id, prompt, sampling)
                 request.session = True
             else:
-                internal_id = self._engine().add_request(request_id, prompt, sampling)
+                engine = self._engine()
+                internal_id = engine.add_request(request_id, vllm_bridge.engine_input(engine, prompt), sampling)
         except InvalidRequestError:
             self._forget(request_id)
             raise

@@ -7,6 +7,7 @@ Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngi
 - `create_engine()`: an in-process, step-driven `LLMEngine` (the stage worker is already a separate
   thread or process, so vLLM's own engine-core process would only add a hop).
 - `build_sampling_params()`: request parameters -> `SamplingParams`, unknown keys rejected by name.
+- `engine_input()`: a prompt dict rendered as `LLMEngine.add_request` takes it.
 - `add_session_turn()`: a turn of a resumable request (vLLM's streaming-input sessions), which
   `LLMEngine.add_request` does not offer: through the engine's input/output processors and core.
 - The hidden-state side channel: `HiddenStateCapture`, a mixin for a registered vLLM model class that
@@ -177,6 +178,13 @@ def kv_cache_bytes_per_token(config: Any) -> int | None:
     return 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size() * itemsize
 
 
+def engine_input(engine: LLMEngine, prompt: dict[str, Any]) -> Any:
+    """`prompt` (token ids or embeddings, multimodal data, cache salt) through the engine's renderer,
+    as `LLMEngine.add_request` takes it (a raw prompt dict there is deprecated)."""
+    (rendered,) = engine.renderer.render_cmpl([prompt])
+    return rendered
+
+
 def add_session_turn(engine: LLMEngine, request_id: str, prompt: dict[str, Any], sampling: SamplingParams, session: str | None = None) -> str:
     """Add a turn of a resumable request (vLLM's streaming-input session) and return its internal id.
 
@@ -192,7 +200,7 @@ def add_session_turn(engine: LLMEngine, request_id: str, prompt: dict[str, Any],
     import msgspec
 
     request = engine.input_processor.process_inputs(
-        session or request_id, prompt, sampling, supported_tasks=engine.get_supported_tasks(), resumable=True
+        session or request_id, engine_input(engine, prompt), sampling, supported_tasks=engine.get_supported_tasks(), resumable=True
     )
     if session is None:
         engine.input_processor.assign_request_id(request)

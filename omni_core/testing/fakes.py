@@ -107,6 +107,26 @@ class PassThroughRuntime(StageRuntime):
         return chunks
 
 
+class SharingRuntime(PassThroughRuntime):
+    """`PassThroughRuntime` whose "model" (a fresh token per load) another stage may share
+    (``share_model_with``); each chunk names the model its stage ran on (``"<stage>_model"``: its
+    own, or as a guest the one it was handed)."""
+
+    def load(self, progress: ProgressCallback | None = None) -> None:
+        super().load(progress)
+        self.model = self.shared if self.shared is not None else f"model-{os.urandom(8).hex()}"
+
+    def shared_model(self) -> Any:
+        return self.model
+
+    def step(self) -> list[Chunk]:
+        chunks = super().step()
+        for chunk in chunks:
+            if chunk.data is not None:
+                chunk.data[f"{self.stage.name}_model"] = self.model
+        return chunks
+
+
 def passthrough_pipeline(
     stages: int = 2,
     placement: str = "inline",
