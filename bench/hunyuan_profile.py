@@ -10,7 +10,7 @@ memory (no checkpoint), experts grouped as the ``dit`` stage runs them on CUDA. 
 text prefix of ``--prefix``, ``--prefix`` + 2, ... tokens (one length per request): the forward's time and MFU (credited FLOPs as `bench/hunyuan_image3.py`
 counts them), each part's time alone on the same shapes (attention with the padding mask, and
 without any, the MoE, the projections), and the kernels that took the most device time
-(`torch.profiler`; of the compiled forward with ``--compile``). Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
+(`torch.profiler`; of the compiled forward with ``--compile``), and one image's VAE decode. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
 """
 
 from __future__ import annotations
@@ -116,6 +116,16 @@ def main() -> None:
                 model.patch_embed(latents, model.time_embed(timestep).to(dtype)), model.time_embed_2(timestep).to(dtype), side, side), args.repeats),
             "qkv + o projections": timed(device, lambda: layer.self_attn.o_proj(layer.self_attn.qkv_proj(hidden)[..., : config.num_heads * config.head_dim]), args.repeats),
         }
+        # The VAE decode after the last step (fp32, one image per call, as the dit stage and the
+        # reference pipeline both run it: `omni_hunyuan.vae.decode_latents`), for one image.
+        from omni_hunyuan.vae import build_vae, decode_latents
+
+        with torch.device(device):
+            vae = build_vae(config.vae).float().eval()
+        image_latent = latents[:1].float()
+        parts["VAE decode (fp32) of one image, after the last step"] = timed(
+            device, lambda: decode_latents(vae, image_latent, config.vae), max(1, args.repeats // 2))
+        del vae
 
         profile = ""
         if device.startswith("cuda"):
@@ -144,7 +154,9 @@ def main() -> None:
                      f"(max diff / max: {difference:.1e}) |")
     per_layer = forward / args.layers
     for name, seconds in parts.items():
-        if name.endswith("one forward"):
+        if name.endswith("after the last step"):
+            lines.append(f"| {name} | {seconds * 1e3:.2f} | {seconds / forward:.2f} forwards |")
+        elif name.endswith("one forward"):
             lines.append(f"| {name} | {seconds * 1e3:.2f} | {seconds / forward:.1%} of the forward |")
         else:
             lines.append(f"| {name}, one layer | {seconds * 1e3:.2f} | {seconds / per_layer:.1%} |")
