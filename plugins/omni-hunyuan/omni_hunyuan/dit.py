@@ -83,9 +83,8 @@ class HunyuanDiT(DiffusionModel):
             self.transformer = load_transformer(path, device=spec.device, dtype=getattr(torch, spec.dtype), backbone=spec.shared_model)
         except SharedBackboneError as exc:
             stage = self.context.stage
-            name = stage.name if stage is not None else "dit"
-            host = stage.share_model_with if stage is not None else None
-            raise ConfigError(f"share_model_with: {host!r}: {exc}", key=f"stages.{name}.{exc.setting}") from None
+            assert stage is not None  # (a stage's model part)
+            raise ConfigError(f"share_model_with: {stage.share_model_with!r}: {exc}", key=f"stages.{stage.name}.{exc.setting}") from None
         if spec.compile:
             self.transformer.compile_layers()
         self.vae = load_vae(path, self.config.vae, device=spec.device)
