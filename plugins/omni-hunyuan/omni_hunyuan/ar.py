@@ -62,7 +62,7 @@ class HunyuanAR(ARModel):
         # (`omni_hunyuan.vllm_model`): a prompt must never be split across steps, by chunked prefill
         # or by a prefix-cache hit, as vLLM-Omni's AR stage runs too.
         return {
-            **super().engine_args(), "hf_config_path": str(config), "tokenizer": str(path),
+            **super().engine_args(), "hf_config_path": str(config), "tokenizer": str(config),  # (its tokenizer files: linked)
             "enable_prefix_caching": False, "enable_chunked_prefill": False, "limit_mm_per_prompt": {"image": MAX_IMAGES},
         }
 

@@ -76,9 +76,17 @@ from omni_hunyuan.vae import VAE_PREFIX, release_to_diffusers_key
 IMAGE_PREFIXES = ("patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2.", "vae.", "vision_model.", "vision_aligner.")
 
 
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "chat_template*")
+"""The checkpoint's tokenizer files (names as transformers saves them), linked beside the derived config."""
+
+
 def vllm_config_dir(model_path: str | Path, cache: Path) -> Path:
     """A directory holding ``config.json`` for vLLM: the release config typed ``hunyuan_v1_moe`` (which
-    transformers knows) with our architecture; every release field is kept for `HunyuanConfig`."""
+    transformers knows) with our architecture; every release field is kept for `HunyuanConfig`.
+
+    The checkpoint's tokenizer files are linked beside it, so the engine's tokenizer is read from here:
+    vLLM reads the tokenizer directory's config.json too, and the release's model type is one
+    transformers does not know (vLLM retries that read, seconds of start-up, logging errors)."""
     release = json.loads((Path(model_path) / "config.json").read_text())
     config = HunyuanConfig.from_dict(release)
     derived = {
@@ -101,6 +109,14 @@ def vllm_config_dir(model_path: str | Path, cache: Path) -> Path:
         staging = cache / f".config.json.{os.getpid()}"
         staging.write_text(text)
         os.replace(staging, target)  # atomic: a concurrent reader never sees half a file
+    for pattern in TOKENIZER_FILES:
+        for source in Path(model_path).glob(pattern):
+            link = cache / source.name
+            if not (link.is_symlink() and link.resolve() == source.resolve()):
+                staging = cache / f".{source.name}.{os.getpid()}"
+                staging.unlink(missing_ok=True)
+                staging.symlink_to(source.resolve())
+                os.replace(staging, link)  # atomic, as above
     return cache
 
 

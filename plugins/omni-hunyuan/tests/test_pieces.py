@@ -199,3 +199,17 @@ def test_a_shared_model_of_another_layout_or_dtype_is_refused_naming_the_setting
     assert dtype.value.setting == "dtype"
     shared = load_transformer(checkpoint, backbone=text_model)
     assert shared.model.layers[0].mlp is text_model.model.layers[0].mlp
+
+
+def test_the_vllm_config_dir_holds_a_known_config_and_the_checkpoints_tokenizer(checkpoint: Path, tmp_path: Path) -> None:
+    """vLLM reads config.json of the tokenizer's directory too: the derived directory (our model type
+    for vLLM, one transformers knows) carries the checkpoint's tokenizer files, so the release's own
+    model type is never parsed there (vLLM retries that, seconds of start-up, logging errors)."""
+    from omni_hunyuan.vllm_model import vllm_config_dir
+    from transformers import AutoConfig, AutoTokenizer
+
+    derived = vllm_config_dir(checkpoint, tmp_path / "derived")
+    assert AutoConfig.from_pretrained(derived).model_type == "hunyuan_v1_moe"
+    text = "a red apple <boi>"
+    assert AutoTokenizer.from_pretrained(derived).encode(text) == AutoTokenizer.from_pretrained(checkpoint).encode(text)
+    assert vllm_config_dir(checkpoint, tmp_path / "derived") == derived  # again: the links are reused
