@@ -26,8 +26,11 @@ def _setup_logging(verbose: bool) -> None:
     # stdout carries results (--json); libraries' logs go to stderr, also in stage processes.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not verbose:
-        # vLLM logs its configuration and CPU-build advice in every stage process; -v shows it.
+        # vLLM logs its configuration and CPU-build advice in every stage process, transformers and
+        # diffusers their config and dtype notes on every load; -v shows them.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # The engine's own progress (stage ready, pipeline ready) is worth seeing by default.
     logging.getLogger("omni_core").setLevel(logging.INFO)
@@ -67,7 +70,7 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
         def on_delta(delta: Any) -> None:
             if stream_text and delta.modality == "text":
                 click.echo(delta.data.get("text", ""), nl=False)
-            elif delta.modality != "text":
+            elif delta.modality != "text" and _worth_a_line(delta):
                 click.echo(_describe(delta), err=True)
 
         if images:
@@ -100,6 +103,18 @@ def _data_url(path: Path) -> str:
 
     kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def _worth_a_line(delta: Any) -> bool:
+    """Every chunk; of a diffusion stage's steps, the first, the last and about every tenth (a
+    50-step image would otherwise print 50 lines)."""
+    progress = delta.data.get("progress") if isinstance(delta.data, dict) else None
+    if not isinstance(progress, dict):
+        return True
+    step, total = progress.get("step"), progress.get("total")
+    if not isinstance(step, int) or not isinstance(total, int) or total <= 10:
+        return True
+    return step in (1, total) or step * 10 // total != (step - 1) * 10 // total
 
 
 def _describe(delta: Any) -> str:
