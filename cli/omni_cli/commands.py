@@ -31,6 +31,8 @@ def _setup_logging(verbose: bool) -> None:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+        # Libraries' deprecation notices are for their callers' developers, not for a user's run.
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # The engine's own progress (stage ready, pipeline ready) is worth seeing by default.
     logging.getLogger("omni_core").setLevel(logging.INFO)
