@@ -66,7 +66,7 @@ def stage_param_names(pipeline: ResolvedPipeline) -> dict[str, frozenset[str]]:
     event loop (`_declared`).
     """
     from omni_core.engine.sampling_params_list import VLLM_SAMPLING_KEYS
-    from omni_core.stages.vllm_bridge import RESERVED_SAMPLING_KEYS
+    from omni_core.stages.vllm_sampling import RESERVED_SAMPLING_KEYS
 
     kinds = {stage.name: stage.kind for stage in pipeline.stages}
     names: dict[str, frozenset[str]] = {}

@@ -268,7 +268,7 @@ class ARModel(Part):
 
     def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
         """Merged per-request parameters -> vLLM `SamplingParams`; unknown keys are rejected."""
-        from omni_core.stages.vllm_bridge import build_sampling_params
+        from omni_core.stages.vllm_sampling import build_sampling_params
 
         return build_sampling_params(params, delta=delta)
 

@@ -6,7 +6,6 @@ Everything else in the `ar` stage uses vLLM's public API (`EngineArgs`, `LLMEngi
 - `check_vllm_version()`: the supported range, with the install command when it does not match.
 - `create_engine()`: an in-process, step-driven `LLMEngine` (the stage worker is already a separate
   thread or process, so vLLM's own engine-core process would only add a hop).
-- `build_sampling_params()`: request parameters -> `SamplingParams`, unknown keys rejected by name.
 - `engine_input()`: a prompt dict rendered as `LLMEngine.add_request` takes it.
 - `add_session_turn()`: a turn of a resumable request (vLLM's streaming-input sessions), which
   `LLMEngine.add_request` does not offer: through the engine's input/output processors and core.
@@ -35,14 +34,13 @@ from __future__ import annotations
 
 import functools
 import gc
-import inspect
 import os
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import attrs
 
-from omni_core.errors import ConfigError, InvalidRequestError, MissingDependencyError
+from omni_core.errors import ConfigError, MissingDependencyError
 from omni_core.refs import load_ref
 
 if TYPE_CHECKING:
@@ -71,9 +69,6 @@ FIRST_PROMPT_LEN = "omni_first_prompt_len"
 OMNI_PROCESS_ENV = "OMNI_VLLM_PROCESS"
 """Environment variable that marks a process as Omni's (`mark_omni_process`); children inherit it."""
 
-# SamplingParams arguments that the runtime owns (output kind, per-request bookkeeping) or that
-# would break the one-stream-per-request contract of a stage (n > 1 fans out into several).
-RESERVED_SAMPLING_KEYS = frozenset({"output_kind", "extra_args", "skip_clone", "n", "detokenize"})
 
 
 def check_vllm_version() -> str:
@@ -246,52 +241,6 @@ def _fields(cls: type) -> list[Any]:
     if dataclasses.is_dataclass(cls):
         return list(dataclasses.fields(cls))
     return list(attrs.fields(cls))
-
-
-@functools.cache
-def sampling_param_names() -> frozenset[str]:
-    """Request parameter names accepted by `build_sampling_params` (vLLM's, minus reserved ones)."""
-    from vllm import SamplingParams
-
-    names = set(inspect.signature(SamplingParams.from_optional).parameters) - {"self", "cls"}
-    return frozenset(names - RESERVED_SAMPLING_KEYS)
-
-
-def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingParams:
-    """Turn merged per-request parameters into `SamplingParams`.
-
-    `delta` picks streamed output (new tokens each step) or one final output. Unknown keys and
-    values vLLM rejects raise `InvalidRequestError` naming the parameter.
-    """
-    from vllm import SamplingParams
-    from vllm.exceptions import VLLMError
-    from vllm.sampling_params import RequestOutputKind
-
-    allowed = sampling_param_names()
-    for key in params:
-        if key in RESERVED_SAMPLING_KEYS:
-            raise InvalidRequestError(
-                f"sampling parameter {key!r} is set by the 'ar' stage itself (one output stream per "
-                "request; streaming from the deploy config): remove it from the request",
-                param=key,
-            )
-        if key not in allowed:
-            raise InvalidRequestError(
-                f"unknown sampling parameter {key!r} for an 'ar' stage; use one of {sorted(allowed)}",
-                param=key,
-            )
-    kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
-    try:
-        # A fresh object per request: vLLM need not deep-copy it on add_request (with a talker's
-        # allowed_token_ids list that copy costs most of adding the request).
-        return SamplingParams.from_optional(**params, output_kind=kind, skip_clone=True)
-    except (ValueError, TypeError, VLLMError) as exc:
-        raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from exc
-
-
-def _param_of(exc: BaseException) -> str | None:
-    param = getattr(exc, "parameter", None)
-    return param if isinstance(param, str) else None
 
 
 def register_architectures(architectures: dict[str, str | type]) -> None:

@@ -104,7 +104,8 @@ def load_transformer(
 
 class SharedBackboneError(ValueError):
     """The model another stage offers (``share_model_with``) cannot serve as this transformer's decoder;
-    `setting` names the deploy setting to change (``share_model_with`` or ``dtype``)."""
+    `setting` is the stage's deploy key to change (``share_model_with`` or ``options.dtype``, the key
+    `resolve()` names for the same dtype refusal)."""
 
     def __init__(self, message: str, setting: str) -> None:
         super().__init__(message)
@@ -128,7 +129,7 @@ def _share_backbone(model: HunyuanImage3, vllm_model: nn.Module, device: str, dt
         raise SharedBackboneError(
             f"the shared model holds its weights as {weight.dtype} on {weight.device}, this stage runs {dtype} on "
             f"{device}: give both stages one dtype and device",
-            "dtype",
+            "options.dtype",
         )
     target = model.model
     target.wte, target.ln_f = source.wte, source.ln_f

@@ -196,7 +196,7 @@ def test_a_shared_model_of_another_layout_or_dtype_is_refused_naming_the_setting
     assert wrong.value.setting == "share_model_with"
     with pytest.raises(SharedBackboneError, match="torch.float32 on cpu, this stage runs torch.bfloat16") as dtype:
         load_transformer(checkpoint, dtype=torch.bfloat16, backbone=text_model)
-    assert dtype.value.setting == "dtype"
+    assert dtype.value.setting == "options.dtype"  # the key resolve() names too
     shared = load_transformer(checkpoint, backbone=text_model)
     assert shared.model.layers[0].mlp is text_model.model.layers[0].mlp
 

@@ -222,7 +222,7 @@ class TalkerModel(ARModel):
         return {"prompt_token_ids": [*self.make_prompt(stage_input)["prompt_token_ids"], *generated]}
 
     def sampling_params(self, params: dict[str, Any], *, delta: bool = True) -> SamplingParams:
-        from omni_core.stages.vllm_bridge import build_sampling_params
+        from omni_core.stages.vllm_sampling import build_sampling_params
 
         params = dict(params)
         speaker = params.pop(SPEAKER_PARAM, None)
