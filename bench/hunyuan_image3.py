@@ -16,7 +16,8 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
    whole sequence through the model at every step, CFG in the batch), with its fastest backends here
    (SDPA attention, ``torch._grouped_mm`` experts), serving the requests one after the other;
 2. Omni's ``dit`` stage (the family's pipeline, its diffusion stage runtime) at concurrency 1 and N
-   (N requests arrive at once and are denoised together).
+   (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
+   the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8).
 
 Every request: t2i, ``--size`` square, ``--steps`` steps, CFG 5.0. Omni's images are compared with the
 reference's (PSNR): the same weights, noise and schedule, so they differ only by bf16 rounding.
@@ -228,7 +229,8 @@ class Omni:
     t2i never reaches the ``ar`` stage, which needs vLLM (the GPU machine has none), so it is not built
     (nor shared: the dit loads its own copy)."""
 
-    def __init__(self, model: Path, device: str, dtype: str, max_num_seqs: int, compile: bool = False) -> None:
+    def __init__(self, model: Path, device: str, dtype: str, max_num_seqs: int, compile: bool = False,
+                 quantization: str | None = None) -> None:
         import attrs
         import omni_hunyuan.plugin
         from omni_core.config import resolve
@@ -239,7 +241,9 @@ class Omni:
         overrides = ["dit.placement=inline", "dit.share_model_with=", f"dit.max_num_seqs={max_num_seqs}", f"dit.dtype={dtype}", f"dit.device={device}"]
         if compile:
             overrides.append("dit.compile=true")
-        self.system = "omni, compiled" if compile else "omni"
+        if quantization:
+            overrides.append(f"dit.quantization={quantization}")
+        self.system = ", ".join(["omni", *(["compiled"] if compile else []), *([quantization] if quantization else [])])
         pipeline = resolve(str(model), overrides=overrides, plugins=host)
         stage = pipeline.stage("dit")
         self.runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
@@ -308,6 +312,9 @@ def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceilin
             f"{rate * flops.model() / ceiling:.1%} | {rate * executed / ceiling:.1%} | "
             f"{max(r.peak_mib for r in config) / 1024:.1f} | {quality} |"
         )
+    if args.quantization:
+        lines += ["", f"Rows with {args.quantization}: MFU and HFU credit the same FLOPs against the same {args.dtype} "
+                  f"ceiling (quantized GEMMs can run above it); the PSNR says what the precision change costs."]
     return "\n".join(lines) + "\n"
 
 
@@ -323,6 +330,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--compile", action="store_true",
                         help="Omni's dit stage with compile: true; the reference is then also run with its blocks compiled")
+    parser.add_argument("--quantization", choices=("fp8", "int8"), default=None,
+                        help="then Omni again at concurrency --requests with the dit stage's quantization option")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
@@ -401,6 +410,19 @@ def main() -> None:
         psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
         record(config)
     omni.close()
+    if args.quantization:
+        # The dit stage's `quantization` option, at concurrency N only (a precision change: PSNR says how much).
+        del omni
+        gc.collect()
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+        stamp = time.perf_counter()
+        omni = Omni(model, args.device, args.dtype, args.requests, args.compile, args.quantization)
+        omni.run(args.requests, args.requests, args.size, 2, memory)
+        print(f"omni {args.quantization} loaded and warm in {time.perf_counter() - stamp:.0f} s", flush=True)
+        config = [omni.run(args.requests, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+        psnrs[f"{omni.system} c{args.requests}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+        record(config)
+        omni.close()
 
 
 if __name__ == "__main__":

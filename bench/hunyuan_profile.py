@@ -10,7 +10,7 @@ memory (no checkpoint), experts grouped as the ``dit`` stage runs them on CUDA. 
 text prefix of ``--prefix``, ``--prefix`` + 2, ... tokens (one length per request): the forward's time and MFU (credited FLOPs as `bench/hunyuan_image3.py`
 counts them), each part's time alone on the same shapes (attention with the padding mask, and
 without any, the MoE, the projections), and the kernels that took the most device time
-(`torch.profiler`; of the compiled forward with ``--compile``), and one image's VAE decode. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
+(`torch.profiler`; of the compiled forward with ``--compile``, quantized with ``--quantization``), and one image's VAE decode. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--prefix", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also time the forward with compiled layer pieces (`compile_layers`), and profile that")
+    parser.add_argument("--quantization", choices=("fp8", "int8"), default=None,
+                        help="then quantize the layers as the dit stage's option does, time the forward again and profile that")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
 
@@ -116,6 +118,17 @@ def main() -> None:
                 model.patch_embed(latents, model.time_embed(timestep).to(dtype)), model.time_embed_2(timestep).to(dtype), side, side), args.repeats),
             "qkv + o projections": timed(device, lambda: layer.self_attn.o_proj(layer.self_attn.qkv_proj(hidden)[..., : config.num_heads * config.head_dim]), args.repeats),
         }
+        quantized = quantized_moe = None
+        if args.quantization:
+            # The dit stage's `quantization` (`omni_hunyuan.quantized.quantize_layers`), on the same shapes.
+            from omni_core import quantization
+            from omni_hunyuan.quantized import quantize_layers
+
+            before = model.velocity(cache, latents, timestep).float()
+            quantize_layers(model, getattr(quantization, f"resolve_{args.quantization}")("diffusion", {}))
+            quantized = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
+            difference_q = float((model.velocity(cache, latents, timestep).float() - before).abs().max() / before.abs().max())
+            quantized_moe = timed(device, lambda: layer.mlp(hidden), args.repeats)
         # The VAE decode after the last step (fp32, one image per call, as the dit stage and the
         # reference pipeline both run it: `omni_hunyuan.vae.decode_latents`), for one image.
         from omni_hunyuan.vae import build_vae, decode_latents
@@ -125,7 +138,7 @@ def main() -> None:
         image_latent = latents[:1].float()
         parts["VAE decode (fp32) of one image, after the last step"] = timed(
             device, lambda: decode_latents(vae, image_latent, config.vae), max(1, args.repeats // 2))
-        del vae
+        vae = None  # (freed before the profile)
 
         profile = ""
         if device.startswith("cuda"):
@@ -152,6 +165,12 @@ def main() -> None:
     if compiled is not None:
         lines.append(f"| forward, compiled layer pieces | {compiled * 1e3:.2f} | MFU {flops.model() / compiled / ceiling:.1%} "
                      f"(max diff / max: {difference:.1e}) |")
+    if quantized is not None:
+        lines.append(f"| forward, {args.quantization}{', compiled layer pieces' if compiled is not None else ''} | "
+                     f"{quantized * 1e3:.2f} | credited FLOPs / time / the {args.dtype} ceiling {flops.model() / quantized / ceiling:.1%} "
+                     f"(max diff / max vs unquantized: {difference_q:.1e}) |")
+        lines.append(f"| MoE (router, experts, shared), {args.quantization}, one layer | {quantized_moe * 1e3:.2f} | "
+                     f"{quantized_moe / (quantized / args.layers):.1%} |")
     per_layer = forward / args.layers
     for name, seconds in parts.items():
         if name.endswith("after the last step"):

@@ -742,8 +742,8 @@ def test_an_empty_override_unsets_a_setting_back_to_its_own_default(host, checkp
 
 def test_share_model_with_is_checked_before_anything_starts(host, checkpoint):
     """``share_model_with``: another stage of the pipeline whose runtime offers its model, both in one
-    process (both ``process`` or both ``inline``), as many replicas on the same devices, in its dtype;
-    anything else is refused at resolve, naming the key."""
+    process (both ``process`` or both ``inline``), as many replicas on the same devices, in its dtype,
+    not quantized on its own; anything else is refused at resolve, naming the key."""
     shared = ["talker.share_model_with=thinker", "talker.replicas=2", "thinker.devices=[cpu]", "talker.dtype=bfloat16"]
     assert resolve(str(checkpoint), overrides=shared, plugins=host).stage("talker").share_model_with == "thinker"
     key = "stages.talker.share_model_with"
@@ -761,5 +761,7 @@ def test_share_model_with_is_checked_before_anything_starts(host, checkpoint):
     assert "'ray'" in str(reject(host, checkpoint, key, *shared, "thinker.placement=ray", "talker.placement=ray"))
     dtype = reject(host, checkpoint, "stages.talker.options.dtype", *shared, "talker.dtype=float32")
     assert "which are bfloat16: set its dtype to bfloat16" in str(dtype)
+    quantized = reject(host, checkpoint, "stages.talker.options.quantization", *shared, "talker.quantization=fp8")
+    assert "runs on stage 'thinker''s weights, so it cannot quantize them: set quantization on 'thinker'" in str(quantized)
     mutual = reject(host, checkpoint, "stages.thinker.share_model_with", *shared, "thinker.share_model_with=talker")
     assert "itself shares" in str(mutual)

@@ -173,7 +173,7 @@ PROCESS_SETTINGS = ("cpu_threads", "nice", "allocator", "keep_freed_memory", "ke
 def _check_shared_models(stages: list[ResolvedStage], model_path: str) -> None:
     """`StageDeploy.share_model_with`: the stage exists, is another one whose runtime offers its
     model, and both run in one process (both ``process``, or both ``inline``) with as many replicas
-    on the same devices, in the host's dtype."""
+    on the same devices, in the host's dtype, with no quantization of its own."""
     from omni_core.stages.base import StageRuntime  # (it imports omni_core.parts, which imports this module)
 
     by_name = {stage.name: stage for stage in stages}
@@ -215,6 +215,12 @@ def _check_shared_models(stages: list[ResolvedStage], model_path: str) -> None:
                         f"{getattr(host, setting)!r}: set it on {host_name!r} (not {getattr(stage, setting)!r} on {stage.name!r})",
                         key=f"stages.{stage.name}.{setting}",
                     )
+        if stage.options.get("quantization") is not None:
+            raise ConfigError(
+                f"stage {stage.name!r} runs on stage {host_name!r}'s weights, so it cannot quantize them: set "
+                f"quantization on {host_name!r}, or give {stage.name!r} its own copy (share_model_with: null)",
+                key=f"stages.{stage.name}.options.quantization",
+            )
         dtypes = [other.options.get("dtype") for other in (host, stage)]
         if all(d in ("float32", "bfloat16", "float16", CHECKPOINT_DTYPE) for d in dtypes):
             host_dtype, own = (checkpoint_dtype(model_path) if d == CHECKPOINT_DTYPE else d for d in dtypes)

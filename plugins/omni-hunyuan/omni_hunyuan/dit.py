@@ -85,6 +85,10 @@ class HunyuanDiT(DiffusionModel):
             stage = self.context.stage
             assert stage is not None  # (a stage's model part)
             raise ConfigError(f"share_model_with: {stage.share_model_with!r}: {exc}", key=f"stages.{stage.name}.{exc.setting}") from None
+        if spec.quantization is not None:  # (resolve() refuses it beside share_model_with: those are the ar's weights)
+            from omni_hunyuan.quantized import quantize_layers
+
+            quantize_layers(self.transformer, spec.quantization)
         if spec.compile:
             self.transformer.compile_layers()
         self.vae = load_vae(path, self.config.vae, device=spec.device)

@@ -198,3 +198,38 @@ def test_without_a_size_the_model_picks_the_ratio_transformers_ranks_first(
         pick = allowed[int(logits[[tokens.ratios[i] for i in allowed]].argmax())]
         width, height = ratio_sizes(config.image_base_size, len(tokens.ratios))[pick]
         assert images[name].shape == (height, width, 3), (name, pick)
+
+
+def _loaded(checkpoint: Path, *overrides: str) -> Any:
+    import attrs
+
+    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline", "dit.share_model_with=", *overrides))
+    stage = pipeline.stage("dit")
+    runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
+    runtime.load()
+    return runtime
+
+
+def test_quantization_swaps_the_layers_linears_and_fp8_needs_a_gpu(runtime: Any, checkpoint: Path) -> None:
+    """``quantization: int8`` on the dit: the decoder layers' linears become the core's int8 ones (the
+    fp32 router stays), and the image stays close to the unquantized one; ``fp8`` on CPU is a
+    ConfigError naming the option (no FP8 kernels here)."""
+    import torch
+    from omni_core.errors import ConfigError
+
+    quantized = _loaded(checkpoint, "dit.dtype=float32", "dit.quantization=int8")
+    try:
+        layer = quantized.model.transformer.model.layers[0]
+        assert type(layer.self_attn.qkv_proj).__name__ == type(layer.self_attn.o_proj).__name__ == "Int8WeightOnlyLinear"
+        assert type(layer.mlp.gate.wg) is torch.nn.Linear and layer.mlp.gate.wg.weight.dtype == torch.float32
+        params = {"seed": 3, "num_inference_steps": 2, "size": (64, 64)}
+        got = _run(quantized, {"q": ("A red apple on a table", params)})["q"]
+    finally:
+        quantized.close()
+    want = _run(runtime, {"full": ("A red apple on a table", params)})["full"]
+    error = np.abs(got.astype(float) - want.astype(float))
+    print(f"int8 dit vs fp32: mean abs {error.mean():.2f}, max {error.max():.0f} (8-bit)")
+    assert 0 < error.mean() <= 2.0
+    with pytest.raises(ConfigError, match="fp8 linears need a CUDA GPU") as fp8:
+        _loaded(checkpoint, "dit.dtype=float32", "dit.quantization=fp8")
+    assert fp8.value.key == "quantization"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from omni_hunyuan.rope import image_positions, rope_tables
@@ -213,3 +214,56 @@ def test_the_vllm_config_dir_holds_a_known_config_and_the_checkpoints_tokenizer(
     text = "a red apple <boi>"
     assert AutoTokenizer.from_pretrained(derived).encode(text) == AutoTokenizer.from_pretrained(checkpoint).encode(text)
     assert vllm_config_dir(checkpoint, tmp_path / "derived") == derived  # again: the links are reused
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+def test_quantized_grouped_experts_stay_close_to_the_unquantized_ones(checkpoint: Path) -> None:
+    """`MoE.quantize_experts` (the dit's ``quantization`` on grouped experts): FP8 weights per expert
+    and channel with FP8 token rows (here the CPU path, `fp8_grouped_mm_reference`), and int8 weights
+    dequantized per call, give the unquantized MoE's output within a few percent, eager and compiled."""
+    import copy
+
+    from omni_hunyuan.layers import LayerKernels, weigh_slots
+    from omni_hunyuan.weights import load_transformer
+
+    moe = load_transformer(checkpoint).model.layers[0].mlp
+    moe.group_experts()
+    tokens = torch.randn(3 * 7, moe.grouped_up.shape[-1], generator=torch.Generator().manual_seed(0))
+    compiled = LayerKernels.compiled()
+    with torch.no_grad():
+        want = moe(tokens)
+        for method, tolerance in (("fp8", 0.08), ("int8_weight_only", 0.02)):
+            quantized = copy.deepcopy(moe)
+            quantized.quantize_experts(method)
+            dtype = torch.float8_e4m3fn if method == "fp8" else torch.int8
+            assert quantized.grouped_up.dtype == quantized.grouped_down.dtype == dtype
+            assert quantized.grouped_up_scale.shape == quantized.grouped_up.shape[:2]  # per expert and channel
+            got = quantized(tokens)
+            assert 0 < _relative_error(got, want) <= tolerance, method
+            weights, chosen = quantized.route(tokens)
+            fused = weigh_slots(*quantized.grouped_experts(tokens, chosen, compiled), weights) + quantized.shared_mlp(tokens)
+            torch.testing.assert_close(fused, got, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="grouped, unquantized"):
+        quantized.quantize_experts("fp8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs a Hopper GPU")
+def test_fp8_grouped_kernel_equals_its_reference_on_gpu() -> None:
+    """``torch._scaled_grouped_mm`` (CUDA) computes what `fp8_grouped_mm_reference` does (with empty
+    groups), and FP8 experts stay within a few percent of bf16 ones at a release-like width."""
+    from omni_hunyuan.quantized import fp8_grouped_mm, fp8_grouped_mm_reference, quantize_stacked, rows_fp8
+
+    generator = torch.Generator("cuda").manual_seed(0)
+    weight = torch.randn(8, 768, 512, device="cuda", generator=generator).to(torch.bfloat16) * 0.02
+    x = torch.randn(1000, 512, device="cuda", generator=generator).to(torch.bfloat16)
+    ends = torch.tensor([100, 100, 350, 600, 600, 800, 990, 1000], device="cuda", dtype=torch.int32)
+    w8, scale = quantize_stacked(weight, "fp8")
+    x8, x_scale = rows_fp8(x)
+    got = fp8_grouped_mm(x8, x_scale, w8, scale, ends, torch.bfloat16)
+    reference = fp8_grouped_mm_reference(x8, x_scale, w8, scale, ends, torch.bfloat16)
+    assert _relative_error(got, reference) <= 0.01  # (fast accumulation: ~0.5% measured)
+    bf16 = torch._grouped_mm(x, weight.transpose(1, 2), offs=ends)
+    assert _relative_error(got, bf16) <= 0.05
