@@ -250,7 +250,7 @@ def test_quantized_grouped_experts_stay_close_to_the_unquantized_ones(checkpoint
         quantized.quantize_experts("fp8")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs a Hopper GPU")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs a CUDA GPU with FP8 grouped GEMMs (Hopper: compute capability 9.0)")
 def test_fp8_grouped_kernel_equals_its_reference_on_gpu() -> None:
     """``torch._scaled_grouped_mm`` (CUDA) computes what `fp8_grouped_mm_reference` does (with empty
     groups), and FP8 experts stay within a few percent of bf16 ones at a release-like width."""
