@@ -348,7 +348,7 @@ class DiffusersSystem:
 class OmniSystem:
     """Omni: the minimax-h3 family's pipeline (encoder + dit), both stages inline, no entry points needed."""
 
-    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, stride: int) -> None:
+    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, stride: int, quantization: str | None = None) -> None:
         import omni_minimax_h3.plugin
 
         from omni_core import Omni
@@ -359,8 +359,11 @@ class OmniSystem:
         overrides = ["streaming=false", "encoder.placement=inline", "dit.placement=inline", f"dit.max_num_seqs={max_num_seqs}",
                      f"encoder.max_batch_size={max_num_seqs}", f"encoder.dtype={dtype}", f"encoder.device={device}",
                      f"dit.dtype={dtype}", f"dit.device={device}"]
+        if quantization:
+            overrides.append(f"dit.quantization={quantization}")
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
         self.stride = stride
+        self.system = f"omni+{quantization}" if quantization else "omni"
 
     def transformer(self) -> Any:
         """The ``dit`` stage's transformer (inline placement: a thread of this process), for `ForwardTimer`.
@@ -394,7 +397,7 @@ class OmniSystem:
             latencies = [done.get(r.request_id, time.perf_counter() - start) for r in results]
         elapsed = time.perf_counter() - start
         skipped = [r.extra.get("dit", {}).get("cache", {}).get("skipped_steps", 0) for r in results] if cache is not None else [0]
-        return Run("omni" if cache is None else "omni+cache", concurrency, repeat, requests, elapsed, latencies, memory.peak_mib(),
+        return Run(self.system if cache is None else f"{self.system}+cache", concurrency, repeat, requests, elapsed, latencies, memory.peak_mib(),
                    timer.seconds(), cache_threshold=cache, skipped_steps=float(np.mean(skipped)),
                    frames=[np.asarray(r.video)[:: self.stride] for r in results])
 
@@ -475,6 +478,12 @@ class Report:
             out["psnr_between_prompts_db"] = psnr(base[0].frames[0], base[0].frames[1]) if len(base[0].frames) > 1 else float("nan")
         if base and omni1:
             out["omni_c1_over_diffusers_sequential"] = [o.video_s_per_s / b.video_s_per_s for b, o in zip(base, omni1)]
+        quantization = self.args.get("quantization")
+        quantized = self.of(f"omni+{quantization}", n) if quantization else []
+        if base and quantized and omni_n:
+            out["quantized_cN_over_diffusers_sequential"] = [q.video_s_per_s / b.video_s_per_s for b, q in zip(base, quantized)]
+            out["quantized_psnr_vs_omni_db"] = min(psnr(a, b) for a, b in zip(quantized[0].frames, omni_n[0].frames))
+            out["quantized_dit_speedup"] = [o.forward_s / q.forward_s for o, q in zip(omni_n, quantized)]
         for run_set in [self.of("omni+cache", n, t) for t in self.args["cache_thresholds"]]:
             if run_set and omni_n:
                 out[f"cache_{run_set[0].cache_threshold}"] = {
@@ -555,7 +564,14 @@ class Report:
                              f"{a['steps'] - 1} forwards skipped per request (goal >= {GOALS['cache_speedup']}x at >= "
                              f"{GOALS['cache_psnr_db']:.0f} dB: {'met' if ok else 'not met'}); over diffusers sequential "
                              f"{spread(value['over_diffusers_sequential'])}x")
-        peaks = {sys_: max((r.peak_mib for r in self.runs if r.system == sys_), default=0) for sys_ in ("diffusers", "omni", "omni+cache")}
+        if "quantized_cN_over_diffusers_sequential" in s:
+            lines.append(f"- dit quantization {a['quantization']} at concurrency {n} (a precision change, so not the goal's like-for-like "
+                         f"claim): {spread(s['quantized_cN_over_diffusers_sequential'])}x diffusers sequential, the forwards "
+                         f"{spread(s['quantized_dit_speedup'])}x as fast as Omni's unquantized ones, min PSNR "
+                         f"{s['quantized_psnr_vs_omni_db']:.1f} dB against Omni unquantized (DiT MFU credits the same FLOPs "
+                         f"against the {a['dtype']} ceiling)")
+        systems = sorted({r.system for r in self.runs}, key=[r.system for r in self.runs].index)
+        peaks = {sys_: max((r.peak_mib for r in self.runs if r.system == sys_), default=0) for sys_ in systems}
         lines.append("- peak GPU memory: " + ", ".join(f"{k} {v / 1024:.1f} GiB" for k, v in peaks.items() if v))
         if m.get("fit"):
             lines.append(f"- {m['fit']}")
@@ -706,7 +722,8 @@ def run(args: argparse.Namespace) -> Report:
         omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
         log("omni loaded and warm")
         for repeat in range(args.repeats):
-            measured(f"omni c1 #{repeat}", lambda: omni.run(1, 1, repeat, size, steps, memory, timer))
+            if not args.skip_c1:
+                measured(f"omni c1 #{repeat}", lambda: omni.run(1, 1, repeat, size, steps, memory, timer))
             measured(f"omni c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
             for threshold in args.cache_thresholds:
                 measured(f"omni+cache {threshold} c{n} #{repeat}",
@@ -714,6 +731,21 @@ def run(args: argparse.Namespace) -> Report:
         timer.close()
     finally:
         omni.close()
+    if args.quantization:  # the dit stage's quantization option, at concurrency N
+        del omni, timer
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, quantization=args.quantization)
+        try:
+            timer = ForwardTimer(omni.transformer(), args.device)
+            omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
+            log(f"omni {args.quantization} loaded and warm")
+            for repeat in range(args.repeats):
+                measured(f"omni {args.quantization} c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
+            timer.close()
+        finally:
+            omni.close()
     if cuda and preset.widths == "released":
         report.meta["fit"] = fit_note(report, torch.cuda.get_device_properties(args.device).total_memory / 2**30)
     report.meta["total_s"] = time.perf_counter() - t0
@@ -789,6 +821,9 @@ def main() -> None:
     parser.add_argument("--psnr-stride", type=int, default=8, help="PSNR over every k-th frame")
     parser.add_argument("--ceiling-n", type=int, default=None)
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no configuration after this many seconds")
+    parser.add_argument("--quantization", choices=("fp8", "int8"), default=None,
+                        help="then Omni again at --concurrency with the dit stage's quantization option")
+    parser.add_argument("--skip-c1", action="store_true", help="leave out Omni at concurrency 1")
     parser.add_argument("--probe", action="store_true", help="time released-width parts in memory and exit")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out")
     parser.add_argument("--scratch", default="/tmp/omni-bench-ckpt", help="where random checkpoints are written (not $OUT)")

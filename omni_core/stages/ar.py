@@ -101,6 +101,17 @@ class ARStageRuntime(StageRuntime):
     # or mixes up the first one's layers.
     max_inline_replicas = 1
 
+    @classmethod
+    def check_resolved(cls, stage: ResolvedStage, options: AROptions, model_path: str) -> None:
+        from omni_core.refs import load_ref
+
+        if options.quantization is not None and not getattr(load_ref(stage.model), "takes_quantization", True):
+            raise ConfigError(
+                f"stage {stage.name!r}: its model part ({stage.model}) runs a vLLM model class that does not build "
+                f"its layers from vLLM's quantization config, so quantization {options.quantization!r} would not apply",
+                key=f"stages.{stage.name}.options.quantization",
+            )
+
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         super().__init__(pipeline, stage, replica)
         self.options: AROptions

@@ -38,6 +38,9 @@ class HunyuanAR(ARModel):
     engine_overrides = types.MappingProxyType({"logits_processors": ["omni_hunyuan.ratio_tail:RatioTail"]})
     # The side channel that carries the keys/values the dit stage reuses (rows only for those requests).
     capture_hidden_states = True
+    # The model class keeps the release's plain torch modules (shared with the dit as they are): vLLM's
+    # quantization config would not reach them, so resolve() refuses the ar stage's `quantization`.
+    takes_quantization = False
 
     def wants_hidden_states(self, stage_input: StageInput) -> bool:
         return bool(stage_input.params.get(PREFIX_KV_PARAM))

@@ -233,3 +233,18 @@ def test_quantization_swaps_the_layers_linears_and_fp8_needs_a_gpu(runtime: Any,
     with pytest.raises(ConfigError, match="fp8 linears need a CUDA GPU") as fp8:
         _loaded(checkpoint, "dit.dtype=float32", "dit.quantization=fp8")
     assert fp8.value.key == "quantization"
+
+
+def test_quantization_is_refused_where_it_would_not_apply(checkpoint: Path) -> None:
+    """Before anything loads: the ``ar`` stage's vLLM model class keeps plain torch modules (vLLM's
+    quantization config would not reach them), and a ``dit`` on the ``ar`` stage's weights (the default
+    deploy's ``share_model_with``) cannot quantize them; both name the key."""
+    from omni_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="does not build its layers from vLLM's quantization config") as ar:
+        resolve(str(checkpoint), overrides=("ar.quantization=fp8",))
+    assert ar.value.key == "stages.ar.options.quantization"
+    with pytest.raises(ConfigError, match="runs on stage 'ar''s weights, so it cannot quantize them") as shared:
+        resolve(str(checkpoint), overrides=("dit.quantization=int8",))
+    assert shared.value.key == "stages.dit.options.quantization"
+    assert resolve(str(checkpoint), overrides=("dit.quantization=int8", "dit.share_model_with=")).stage("dit").quantization
