@@ -28,6 +28,7 @@ class CountingModel(DiffusionModel):
     """Each sample's state counts the steps it got; `calls` records every forward's (key, steps)."""
 
     max_steps = 50
+    load_options = frozenset({"quantization"})  # (declared, not applied: what resolve() checks)
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)
@@ -199,13 +200,29 @@ def test_unknown_quantization_is_a_config_error():
     from omni_core.config.pipeline import PipelineConfig, StageSpec
     from omni_core.plugins import default_plugins
 
-    pipeline = PipelineConfig(family="t", stages=(StageSpec("gen", "diffusion", "test_diffusion_runtime:CountingModel", output="image", extra_outputs=("video",), final=True),))
+    pipeline = PipelineConfig(family="t", stages=(StageSpec("gen", "diffusion", f"{__name__}:CountingModel", output="image", extra_outputs=("video",), final=True),))
     resolved = resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"quantization": "int8", "cache": "first_block"}}}})
     assert resolved.modalities == ("image", "video")
     with pytest.raises(ConfigError, match="quantization"):
         resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"quantization": "int3"}}}})
     with pytest.raises(ConfigError, match="cache"):
         resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {"cache": "teacache2"}}}})
+
+
+def test_a_load_option_the_model_part_does_not_implement_is_refused():
+    """`DiffusionModel.load_options`: a stage option that reaches `load` (quantization, compile,
+    cuda_graphs, vae_tiling/vae_tile) and that the model part does not declare is a ConfigError at
+    resolve naming the key, instead of an option silently ignored."""
+    from omni_core.config.resolve import resolve_pipeline
+    from omni_core.config.pipeline import PipelineConfig, StageSpec
+    from omni_core.plugins import default_plugins
+
+    pipeline = PipelineConfig(family="t", stages=(StageSpec("gen", "diffusion", f"{__name__}:CountingModel", output="image", final=True),))
+    for option, value in (("compile", True), ("cuda_graphs", True), ("vae_tiling", True), ("vae_tile", 256)):
+        with pytest.raises(ConfigError, match="does not implement") as refused:
+            resolve_pipeline(pipeline, model="m", model_path="/x", plugins=default_plugins(), deploy={"stages": {"gen": {"options": {option: value}}}})
+        assert refused.value.key == f"stages.gen.options.{'vae_tiling' if option == 'vae_tile' else option}"
+        assert "(it applies quantization)" in str(refused.value)
 
 
 def test_the_forward_record_stays_bounded_however_long_the_server_runs():

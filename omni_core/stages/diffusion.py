@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 
@@ -127,6 +127,15 @@ class _Request:
     chunks: int = 0
 
 
+# The options `load` receives through `LoadSpec` and when a stage sets them (`DiffusionModel.load_options`).
+_LOAD_OPTIONS: dict[str, Callable[[DiffusionOptions], bool]] = {
+    "quantization": lambda options: options.quantization is not None,
+    "compile": lambda options: options.compile,
+    "cuda_graphs": lambda options: options.cuda_graphs,
+    "vae_tiling": lambda options: options.vae_tiling or options.vae_tile is not None,
+}
+
+
 class DiffusionStageRuntime(StageRuntime):
     """Runs a `DiffusionModel` over many requests at once (kind ``diffusion``)."""
 
@@ -137,6 +146,16 @@ class DiffusionStageRuntime(StageRuntime):
     def check_resolved(cls, stage: ResolvedStage, options: DiffusionOptions, model_path: str) -> None:
         from omni_core.refs import load_ref
 
+        used = [name for name, is_set in _LOAD_OPTIONS.items() if is_set(options)]
+        declared = getattr(load_ref(stage.model), "load_options", frozenset()) if used else frozenset()
+        for name in used:
+            if name not in declared:
+                raise ConfigError(
+                    f"stage {stage.name!r}: its model part ({stage.model}) does not implement {name} (it applies "
+                    f"{', '.join(sorted(declared)) or 'none of quantization, compile, cuda_graphs, vae_tiling'}): "
+                    f"the option would be ignored",
+                    key=f"stages.{stage.name}.options.{name}",
+                )
         if stage.share_model_with is not None:
             if options.parallel.world_size > 1:
                 raise ConfigError(

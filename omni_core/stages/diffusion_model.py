@@ -99,6 +99,9 @@ class DiffusionModel(Part, abc.ABC):
     `takes_shared_model`: `load` runs on `LoadSpec.shared_model` when the stage is deployed with
     ``share_model_with`` (another stage's loaded weights); `resolve()` refuses that deploy for a
     model part that does not declare it.
+    `load_options`: which of the stage's options that reach `load` through `LoadSpec` the model
+    part applies: ``quantization``, ``compile``, ``cuda_graphs``, ``vae_tiling`` (with ``vae_tile``).
+    `resolve()` refuses a stage that sets one it does not declare (it would be silently ignored).
     `media_params`: those of `request_params` that carry a medium (an image, a video, audio) as
     a URL. A request's own string is its data: a base64 ``data:`` URL. Over HTTP, the server
     also takes the ``file://`` and ``http(s)://`` URLs its operator allowed (vLLM's flags
@@ -109,6 +112,7 @@ class DiffusionModel(Part, abc.ABC):
     max_steps: int = 1000
     parallel_modes: frozenset[str] = frozenset()
     takes_shared_model: bool = False
+    load_options: frozenset[str] = frozenset()
     request_params: frozenset[str] | None = None
     media_params: frozenset[str] = frozenset()
 

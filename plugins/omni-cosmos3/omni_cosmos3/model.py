@@ -62,6 +62,7 @@ class Cosmos3Model(DiffusionModel):
     """The ``generator`` stage's model part (also its factory: ``Cosmos3Model(context)``)."""
 
     max_steps = 200  # the multistep scheduler's step update fails further (IndexError at 400 steps)
+    load_options = frozenset({"quantization", "compile", "cuda_graphs", "vae_tiling"})
     parallel_modes = frozenset({"cfg", "ulysses"})
     request_params = PARAMS
     media_params = frozenset({"image", "video"})  # conditioning frames: data: URLs (over HTTP, what the operator allowed too)

@@ -65,6 +65,7 @@ class HunyuanDiT(DiffusionModel):
     (after think/recaption: start from the ``ar`` stage's keys/values; default true) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
 
     max_steps = 1000  # (flow-matching Euler steps: no scheduler limit; bounds a request's cost)
+    load_options = frozenset({"quantization", "compile"})  # (no CUDA graphs; the VAE decodes whole, untiled)
     takes_shared_model = True  # share_model_with: ar (the decoder of the ar stage's vLLM model, `load_transformer`)
     request_params = frozenset({"seed", "n", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv"})
 

@@ -238,7 +238,8 @@ def test_quantization_swaps_the_layers_linears_and_fp8_needs_a_gpu(runtime: Any,
 def test_quantization_is_refused_where_it_would_not_apply(checkpoint: Path) -> None:
     """Before anything loads: the ``ar`` stage's vLLM model class keeps plain torch modules (vLLM's
     quantization config would not reach them), and a ``dit`` on the ``ar`` stage's weights (the default
-    deploy's ``share_model_with``) cannot quantize them; both name the key."""
+    deploy's ``share_model_with``) cannot quantize them; both name the key. The dit's CUDA graphs and
+    VAE tiling (not implemented) are refused too."""
     from omni_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="does not build its layers from vLLM's quantization config") as ar:
@@ -248,3 +249,6 @@ def test_quantization_is_refused_where_it_would_not_apply(checkpoint: Path) -> N
         resolve(str(checkpoint), overrides=("dit.quantization=int8",))
     assert shared.value.key == "stages.dit.options.quantization"
     assert resolve(str(checkpoint), overrides=("dit.quantization=int8", "dit.share_model_with=")).stage("dit").quantization
+    for option in ("cuda_graphs", "vae_tiling"):  # not implemented by this dit: refused, not ignored
+        with pytest.raises(ConfigError, match=f"does not implement {option}"):
+            resolve(str(checkpoint), overrides=(f"dit.{option}=true",))

@@ -66,6 +66,7 @@ class MiniMaxH3DiT(DiffusionModel):
     """The ``dit`` stage's model part (its own factory: ``MiniMaxH3DiT(context)``)."""
 
     max_steps = MAX_STEPS
+    load_options = frozenset({"quantization", "vae_tiling"})  # (no compiled path, no CUDA graphs yet)
     parallel_modes = frozenset({"ulysses"})
 
     def __init__(self, context: PartContext) -> None:
@@ -119,8 +120,9 @@ class MiniMaxH3DiT(DiffusionModel):
             heads = transformer.config.num_attention_heads
             if heads % self.parallel.ulysses:
                 raise ConfigError(f"{name}/ has {heads} attention heads: they do not split over {self.parallel.ulysses} Ulysses ranks")
-        if spec.vae_tiling:
-            pipe.vae.enable_tiling()
+        if spec.vae_tiling:  # tiles of `vae_tile` pixels overlapping by a quarter (the library's default: 256, 64)
+            tile = spec.vae_tile
+            pipe.vae.enable_tiling(tile, tile, tile and tile // 4, tile and tile // 4)
         self.pipe = pipe
         self.geometry = Geometry.from_checkpoint(self.path)
         pipe.set_progress_bar_config(disable=True)

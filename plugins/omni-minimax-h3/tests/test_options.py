@@ -39,3 +39,22 @@ def test_dit_options_stay_close_to_fp32(dit, processor, encoder, overrides: tupl
     other = run_dit(runtime, stage_inputs(processor, encoder, {"other": item}))["other"]
     assert other["video"].shape == plain["video"].shape and other["audio"].shape == plain["audio"].shape
     assert psnr(other["video"], plain["video"]) >= min_psnr
+
+
+def test_vae_tiling_reaches_the_vae_and_unimplemented_options_are_refused() -> None:
+    """``vae_tiling``/``vae_tile`` set the video VAE's tiles; ``compile`` and ``cuda_graphs``, which this
+    dit does not implement, are refused at resolve (naming the key) instead of being ignored."""
+    from omni_core.errors import ConfigError
+
+    pipeline = resolve(MODEL, overrides=[*INLINE, "dit.vae_tiling=true", "dit.vae_tile=128"])
+    runtime = DiffusionStageRuntime(pipeline, pipeline.stage("dit"))
+    runtime.load()
+    try:
+        vae = runtime.model.pipe.vae
+        assert vae.use_tiling and (vae.tile_sample_min_height, vae.tile_sample_min_overlap_width) == (128, 32)
+    finally:
+        runtime.close()
+    for option in ("compile", "cuda_graphs"):
+        with pytest.raises(ConfigError, match=f"does not implement {option}") as refused:
+            resolve(MODEL, overrides=[*INLINE, f"dit.{option}=true"])
+        assert refused.value.key == f"stages.dit.options.{option}"
