@@ -17,7 +17,7 @@ import attrs
 
 from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
-from omni_core.errors import InvalidRequestError, StageError
+from omni_core.errors import ConfigError, InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
@@ -91,7 +91,8 @@ class GenerationOptions:
         default=False,
         metadata={
             "doc": "Let the model part compile its hot element-wise code with ``torch.compile`` (the model part says "
-            "what, and falls back to eager where compiling fails); it reads the option from its stage's options."
+            "what, and falls back to eager where compiling fails); it reads the option from its stage's options. "
+            "A model part that compiles nothing (no ``takes_compile``) refuses it at resolve."
         },
     )
 
@@ -133,6 +134,16 @@ class GenerationStageRuntime(StageRuntime):
 
     Options = GenerationOptions
     options: GenerationOptions
+
+    @classmethod
+    def check_resolved(cls, stage: ResolvedStage, options: GenerationOptions, model_path: str) -> None:
+        from omni_core.refs import load_ref
+
+        if options.compile and not getattr(load_ref(stage.model), "takes_compile", False):
+            raise ConfigError(
+                f"stage {stage.name!r}: its model part ({stage.model}) compiles nothing: the option would be ignored",
+                key=f"stages.{stage.name}.options.compile",
+            )
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         super().__init__(pipeline, stage, replica)

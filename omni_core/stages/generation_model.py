@@ -107,6 +107,8 @@ class GenerationModel(Part, abc.ABC):
       runs after others. ``None``: not declared, `check_params` alone checks them.
     - `media_params`: those of `request_params` that carry a medium as a URL (as
       `DiffusionModel.media_params`).
+    - `takes_compile`: the model part reads its stage's ``compile`` option and compiles something;
+      `resolve()` refuses ``compile: true`` for one that does not (it would be ignored).
     """
 
     input_key: str = "codes"
@@ -120,6 +122,7 @@ class GenerationModel(Part, abc.ABC):
     trimmed_samples: int = 0
     segment_size: int | None = None
     segment_context: int = 0
+    takes_compile: bool = False
 
     @abc.abstractmethod
     def load(self, device: str, dtype: str) -> None:

@@ -43,7 +43,8 @@ def test_dit_options_stay_close_to_fp32(dit, processor, encoder, overrides: tupl
 
 def test_vae_tiling_reaches_the_vae_and_unimplemented_options_are_refused() -> None:
     """``vae_tiling``/``vae_tile`` set the video VAE's tiles; ``compile`` and ``cuda_graphs``, which this
-    dit does not implement, are refused at resolve (naming the key) instead of being ignored."""
+    dit does not implement, and the encoder's ``compile``, are refused at resolve (naming the key)
+    instead of being ignored."""
     from omni_core.errors import ConfigError
 
     pipeline = resolve(MODEL, overrides=[*INLINE, "dit.vae_tiling=true", "dit.vae_tile=128"])
@@ -58,3 +59,6 @@ def test_vae_tiling_reaches_the_vae_and_unimplemented_options_are_refused() -> N
         with pytest.raises(ConfigError, match=f"does not implement {option}") as refused:
             resolve(MODEL, overrides=[*INLINE, f"dit.{option}=true"])
         assert refused.value.key == f"stages.dit.options.{option}"
+    with pytest.raises(ConfigError, match="compiles nothing") as encoder:  # (a generation stage's compile)
+        resolve(MODEL, overrides=[*INLINE, "encoder.compile=true"])
+    assert encoder.value.key == "stages.encoder.options.compile"

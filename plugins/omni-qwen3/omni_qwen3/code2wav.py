@@ -35,6 +35,8 @@ class Code2WavModel(GenerationModel):
     only), so each item's samples do not depend on the padding after it.
     """
 
+    takes_compile = True  # (`compile`: its activations under torch.compile, `_compiled_stack`)
+
     input_key = "codes"
     output_key = "audio"
     request_params: frozenset[str] = frozenset()  # a decoder: no per-request parameters
