@@ -266,7 +266,8 @@ class MoE(nn.Module):
         if self.quantized == "fp8":
             # Each token is scaled once, then its FP8 row gathered k times (half a bf16 gather's bytes).
             x, x_scale = kernels.rows_fp8(tokens)
-            hidden = fp8_grouped_mm(x.index_select(0, rows), x_scale.index_select(0, rows), self.grouped_up, self.grouped_up_scale, ends, tokens.dtype)
+            x, x_scale = x.index_select(0, rows), x_scale.index_select(0, rows)
+            hidden = fp8_grouped_mm(x, x_scale, self.grouped_up, self.grouped_up_scale, ends, tokens.dtype)
             out = fp8_grouped_mm(*kernels.act_fp8(hidden), self.grouped_down, self.grouped_down_scale, ends, tokens.dtype)
         else:
             up, down = self.grouped_up, self.grouped_down
