@@ -20,7 +20,7 @@ from omni_core.errors import ConfigError, InvalidRequestError, StageError
 from omni_core.outputs import Chunk, Payload, StageInput
 from omni_core.stages.ar_model import ARDelta, ARModel
 from omni_core.stages.ar_options import AROptions
-from omni_core.stages.base import ProgressCallback, StageRuntime
+from omni_core.stages.base import ProgressCallback, StageRuntime, refuse_unapplied_options
 
 if TYPE_CHECKING:
     import torch
@@ -103,14 +103,7 @@ class ARStageRuntime(StageRuntime):
 
     @classmethod
     def check_resolved(cls, stage: ResolvedStage, options: AROptions, model_path: str) -> None:
-        from omni_core.refs import load_ref
-
-        if options.quantization is not None and not getattr(load_ref(stage.model), "takes_quantization", True):
-            raise ConfigError(
-                f"stage {stage.name!r}: its model part ({stage.model}) runs a vLLM model class that does not build "
-                f"its layers from vLLM's quantization config, so quantization {options.quantization!r} would not apply",
-                key=f"stages.{stage.name}.options.quantization",
-            )
+        refuse_unapplied_options(stage, ["quantization"] if options.quantization is not None else [])
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         super().__init__(pipeline, stage, replica)

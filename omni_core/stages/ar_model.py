@@ -83,9 +83,10 @@ class ARModel(Part):
       before the request starts, even where the stage runs after others.
     - `media_params`: those of `request_params` that carry a medium as a URL (as
       `DiffusionModel.media_params`).
-    - `takes_quantization`: the registered vLLM model class builds its layers from vLLM's
-      quantization config (vLLM's own classes do), so the stage's ``quantization`` option applies;
-      a class of plain torch modules sets it false and `resolve()` refuses that option.
+    - `load_options`: the stage options the model part applies; the default, ``quantization``,
+      holds when the registered vLLM model class builds its layers from vLLM's quantization config
+      (vLLM's own classes do); a class of plain torch modules declares none, and `resolve()`
+      refuses the option.
 
     The base class as it is serves "this checkpoint directory, as vLLM loads it": a stage whose
     ``model`` is ``"omni_core.stages.ar_model:ARModel"`` needs no code of its own.
@@ -107,7 +108,7 @@ class ARModel(Part):
     resumable: bool = False
     request_params: frozenset[str] = frozenset()
     media_params: frozenset[str] = frozenset()
-    takes_quantization: bool = True
+    load_options: frozenset[str] = frozenset({"quantization"})
 
     @property
     def capture_layers(self) -> dict[str, int | None]:

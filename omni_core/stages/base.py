@@ -16,7 +16,7 @@ import attrs
 
 from omni_core.config.modelref import CHECKPOINT_DTYPE
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
-from omni_core.errors import StageError
+from omni_core.errors import ConfigError, StageError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import Part, PartContext, build_part
 
@@ -44,6 +44,25 @@ def device_option() -> Any:
         default=None,
         metadata={"doc": "The torch device (``None``: the stage's first device, else CUDA when available, else CPU)."},
     )
+
+
+def refuse_unapplied_options(stage: ResolvedStage, used: list[str]) -> None:
+    """Refuse (`ConfigError` naming ``stages.<stage>.options.<option>``) each of the stage's options in
+    `used` that its model part does not list in its ``load_options`` (`ARModel`, `GenerationModel`,
+    `DiffusionModel`): an option it would silently ignore. The model part is imported only when some
+    option is used."""
+    if not used:
+        return
+    from omni_core.refs import load_ref
+
+    declared = getattr(load_ref(stage.model), "load_options", frozenset())
+    for name in used:
+        if name not in declared:
+            raise ConfigError(
+                f"stage {stage.name!r}: its model part ({stage.model}) does not implement {name} (it applies "
+                f"{', '.join(sorted(declared)) or 'none of these options'}): the option would be ignored",
+                key=f"stages.{stage.name}.options.{name}",
+            )
 
 
 @attrs.frozen

@@ -26,7 +26,7 @@ from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
 from omni_core.errors import ConfigError, InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option
+from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option, refuse_unapplied_options
 from omni_core.stages.diffusion_cache import CACHE_MODES, CacheConfig, CacheState, resolve_cache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_core.stages.diffusion_parallel import ParallelConfig, RankGroup, check_parallel, rank_devices, sample_keys
@@ -146,16 +146,7 @@ class DiffusionStageRuntime(StageRuntime):
     def check_resolved(cls, stage: ResolvedStage, options: DiffusionOptions, model_path: str) -> None:
         from omni_core.refs import load_ref
 
-        used = [name for name, is_set in _LOAD_OPTIONS.items() if is_set(options)]
-        declared = getattr(load_ref(stage.model), "load_options", frozenset()) if used else frozenset()
-        for name in used:
-            if name not in declared:
-                raise ConfigError(
-                    f"stage {stage.name!r}: its model part ({stage.model}) does not implement {name} (it applies "
-                    f"{', '.join(sorted(declared)) or 'none of quantization, compile, cuda_graphs, vae_tiling'}): "
-                    f"the option would be ignored",
-                    key=f"stages.{stage.name}.options.{name}",
-                )
+        refuse_unapplied_options(stage, [name for name, is_set in _LOAD_OPTIONS.items() if is_set(options)])
         if stage.share_model_with is not None:
             if options.parallel.world_size > 1:
                 raise ConfigError(

@@ -17,9 +17,9 @@ import attrs
 
 from omni_core.config.modelref import resolve_dtype
 from omni_core.config.resolved import ResolvedPipeline, ResolvedStage
-from omni_core.errors import ConfigError, InvalidRequestError, StageError
+from omni_core.errors import InvalidRequestError, StageError
 from omni_core.outputs import Chunk, StageInput
-from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option
+from omni_core.stages.base import Dtype, ProgressCallback, StageRuntime, device_option, dtype_option, refuse_unapplied_options
 from omni_core.stages.generation_model import DecodeBatch, DecodeItem, GenerationModel
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class GenerationOptions:
         metadata={
             "doc": "Let the model part compile its hot element-wise code with ``torch.compile`` (the model part says "
             "what, and falls back to eager where compiling fails); it reads the option from its stage's options. "
-            "A model part that compiles nothing (no ``takes_compile``) refuses it at resolve."
+            "A model part that does not list ``compile`` in its ``load_options`` refuses it at resolve."
         },
     )
 
@@ -137,13 +137,7 @@ class GenerationStageRuntime(StageRuntime):
 
     @classmethod
     def check_resolved(cls, stage: ResolvedStage, options: GenerationOptions, model_path: str) -> None:
-        from omni_core.refs import load_ref
-
-        if options.compile and not getattr(load_ref(stage.model), "takes_compile", False):
-            raise ConfigError(
-                f"stage {stage.name!r}: its model part ({stage.model}) compiles nothing: the option would be ignored",
-                key=f"stages.{stage.name}.options.compile",
-            )
+        refuse_unapplied_options(stage, ["compile"] if options.compile else [])
 
     def __init__(self, pipeline: ResolvedPipeline, stage: ResolvedStage, replica: int = 0) -> None:
         super().__init__(pipeline, stage, replica)

@@ -107,8 +107,9 @@ class GenerationModel(Part, abc.ABC):
       runs after others. ``None``: not declared, `check_params` alone checks them.
     - `media_params`: those of `request_params` that carry a medium as a URL (as
       `DiffusionModel.media_params`).
-    - `takes_compile`: the model part reads its stage's ``compile`` option and compiles something;
-      `resolve()` refuses ``compile: true`` for one that does not (it would be ignored).
+    - `load_options`: the stage options the model part applies (``compile``: it reads its stage's
+      ``compile`` option and compiles something); `resolve()` refuses ``compile: true`` for one that
+      does not list it (it would be ignored).
     """
 
     input_key: str = "codes"
@@ -122,7 +123,7 @@ class GenerationModel(Part, abc.ABC):
     trimmed_samples: int = 0
     segment_size: int | None = None
     segment_context: int = 0
-    takes_compile: bool = False
+    load_options: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     def load(self, device: str, dtype: str) -> None:

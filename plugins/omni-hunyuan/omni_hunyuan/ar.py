@@ -40,7 +40,7 @@ class HunyuanAR(ARModel):
     capture_hidden_states = True
     # The model class keeps the release's plain torch modules (shared with the dit as they are): vLLM's
     # quantization config would not reach them, so resolve() refuses the ar stage's `quantization`.
-    takes_quantization = False
+    load_options: frozenset[str] = frozenset()
 
     def wants_hidden_states(self, stage_input: StageInput) -> bool:
         return bool(stage_input.params.get(PREFIX_KV_PARAM))

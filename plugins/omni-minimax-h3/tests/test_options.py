@@ -59,6 +59,6 @@ def test_vae_tiling_reaches_the_vae_and_unimplemented_options_are_refused() -> N
         with pytest.raises(ConfigError, match=f"does not implement {option}") as refused:
             resolve(MODEL, overrides=[*INLINE, f"dit.{option}=true"])
         assert refused.value.key == f"stages.dit.options.{option}"
-    with pytest.raises(ConfigError, match="compiles nothing") as encoder:  # (a generation stage's compile)
+    with pytest.raises(ConfigError, match="does not implement compile") as encoder:  # (a generation stage's compile)
         resolve(MODEL, overrides=[*INLINE, "encoder.compile=true"])
     assert encoder.value.key == "stages.encoder.options.compile"

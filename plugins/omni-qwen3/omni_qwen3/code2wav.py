@@ -35,7 +35,7 @@ class Code2WavModel(GenerationModel):
     only), so each item's samples do not depend on the padding after it.
     """
 
-    takes_compile = True  # (`compile`: its activations under torch.compile, `_compiled_stack`)
+    load_options = frozenset({"compile"})  # (its activations under torch.compile: `_compiled_stack`)
 
     input_key = "codes"
     output_key = "audio"
