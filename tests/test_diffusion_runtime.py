@@ -147,9 +147,14 @@ def test_cache_parameter_resolution():
     assert resolve_cache(default, 0.5) == CacheConfig("first_block", 0.5, 2)
     assert resolve_cache(attrs.evolve(default, mode="first_block"), "off").mode == "none"
     assert resolve_cache(default, {"threshold": 0.05, "warmup_steps": 0}) == CacheConfig("first_block", 0.05, 0)
-    for bad in ("sometimes", {"mode": "x"}, {"speed": 1}, -1.0):
+    for bad in ("sometimes", {"mode": "x"}, {"speed": 1}, -1.0, float("nan")):
         with pytest.raises(InvalidRequestError):
             resolve_cache(default, bad)
+    # Typed: a string threshold or a fractional warmup is refused, naming the key (not truncated).
+    for bad, param in (({"threshold": "0.5"}, "cache.threshold"), ({"warmup_steps": 1.5}, "cache.warmup_steps"), (float("inf"), "cache")):
+        with pytest.raises(InvalidRequestError) as info:
+            resolve_cache(default, bad)
+        assert info.value.param == param
 
 
 def test_quantization_resolvers_and_int8_linears_match_float():

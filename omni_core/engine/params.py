@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any, Mapping
 
 from omni_core.errors import InvalidRequestError
@@ -110,7 +111,12 @@ def int_param(value: Any, name: str) -> int:
 
 
 def number_param(value: Any, name: str) -> float:
-    """`value` as a request's number parameter `name` (int or float, not bool): else a 400 naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(f"{name} must be a number, got {value!r}", param=name)
-    return float(value)
+    """`value` as a request's number parameter `name` (a finite int or float, not a bool): else a
+    400 naming it."""
+    try:
+        number = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+    except OverflowError:  # (an int beyond a float's range)
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidRequestError(f"{name} must be a finite number, got {value!r}", param=name)
+    return number

@@ -217,9 +217,9 @@ class ARStageRuntime(StageRuntime):
         if request_id in self._requests:
             raise InvalidRequestError(f"request {request_id!r} is already running in stage {self.stage.name!r}")
         model = self._model()
-        if not stage_input.final:
-            # Validate parameters now so a bad request fails at once, not when its input ends.
-            model.sampling_params(stage_input.params, delta=self.streaming)
+        # Parameters are checked now: a request waiting for input fails at once, not when its
+        # input ends, and the token budgets (`_run_params`) only ever see checked values.
+        model.sampling_params(stage_input.params, delta=self.streaming)
         request = _Request(params=dict(stage_input.params), data=dict(stage_input.data), input_final=stage_input.final)
         request.capture = model.capture_hidden_states and model.wants_hidden_states(stage_input)
         self._requests[request_id] = request

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import attrs
 
+from omni_core.engine.params import int_param, number_param
 from omni_core.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def resolve_cache(default: CacheConfig, requested: Any) -> CacheConfig:
     if requested is True or requested == "first_block":
         return attrs.evolve(default, mode="first_block")
     if isinstance(requested, (int, float)) and not isinstance(requested, bool):
-        return _checked(attrs.evolve(default, mode="first_block", threshold=float(requested)))
+        return _checked(attrs.evolve(default, mode="first_block", threshold=number_param(requested, "cache")))
     if isinstance(requested, dict):
         unknown = sorted(set(requested) - {"mode", "threshold", "warmup_steps"})
         if unknown:
@@ -62,11 +63,8 @@ def resolve_cache(default: CacheConfig, requested: Any) -> CacheConfig:
         mode = requested.get("mode", "first_block")
         if mode not in CACHE_MODES:
             raise InvalidRequestError(f"cache mode must be one of {CACHE_MODES}, got {mode!r}", param="cache")
-        try:
-            threshold = float(requested.get("threshold", default.threshold))
-            warmup = int(requested.get("warmup_steps", default.warmup_steps))
-        except (TypeError, ValueError):
-            raise InvalidRequestError("cache threshold must be a number and warmup_steps an integer", param="cache") from None
+        threshold = number_param(requested.get("threshold", default.threshold), "cache.threshold")
+        warmup = int_param(requested.get("warmup_steps", default.warmup_steps), "cache.warmup_steps")
         return _checked(CacheConfig(mode=mode, threshold=threshold, warmup_steps=warmup))
     raise InvalidRequestError(
         f"cache must be 'none', 'first_block', a threshold number or an object, got {requested!r}", param="cache"

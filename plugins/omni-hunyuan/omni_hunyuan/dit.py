@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import torch
 
-from omni_core.engine.params import int_param
+from omni_core.engine.params import int_param, number_param
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
@@ -107,10 +107,10 @@ class HunyuanDiT(DiffusionModel):
 
     def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
         text_ids, picked = self._text_ids(data)
-        steps = int(self._param(data, params, "num_inference_steps", self.defaults.get("diff_infer_steps", 50)))
+        steps = int_param(self._param(data, params, "num_inference_steps", int(self.defaults.get("diff_infer_steps", 50))), "num_inference_steps")
         if not 1 <= steps <= self.max_steps:
             raise InvalidRequestError(f"num_inference_steps must be in 1..{self.max_steps}, got {steps}", param="num_inference_steps")
-        guidance = float(self._param(data, params, "guidance_scale", self.defaults.get("diff_guidance_scale", 5.0)))
+        guidance = number_param(self._param(data, params, "guidance_scale", self.defaults.get("diff_guidance_scale", 5.0)), "guidance_scale")
         seed = self._param(data, params, "seed", None)
         seed = random.randrange(2**31) if seed is None else int_param(seed, "seed")
         if not 0 <= seed < 2**63 - MAX_N:

@@ -15,6 +15,7 @@ from omni_hunyuan.sampler import initial_noise, sample_t2i
 from omni_hunyuan.vae import decode_latents
 
 from omni_core.config import resolve
+from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.stages.diffusion import DiffusionStageRuntime
 
@@ -130,8 +131,13 @@ def test_n_images_of_one_prompt_are_those_of_seeds_seed_to_seed_plus_n(
         expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 11 + index, 2)
         assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1, index
     assert not np.array_equal(images[0], images[1])
-    for bad, match in (({"n": 0}, "n must be"), ({"n": 9}, "n must be"), ({"seed": -1}, "seed must be")):
-        with pytest.raises(Exception, match=match):
+    refused = (
+        ({"n": 0}, "n must be"), ({"n": 9}, "n must be"), ({"seed": -1}, "seed must be"),
+        ({"num_inference_steps": 2.5}, "num_inference_steps must be an integer"),
+        ({"guidance_scale": "high"}, "guidance_scale must be a finite number"),
+    )
+    for bad, match in refused:
+        with pytest.raises(InvalidRequestError, match=match):
             runtime.add_request("bad", StageInput(data={"prompt": prompt}, params={"num_inference_steps": 2, **bad}))
     assert not runtime.has_unfinished()
 

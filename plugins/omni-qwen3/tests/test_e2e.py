@@ -323,6 +323,9 @@ BAD_REQUESTS: dict[str, tuple[OmniRequest, str]] = {
     "prompt longer than the context": (OmniRequest(prompt="hello world " * 5000, modalities=("text", "audio")), "context"),
     # Rejected inside the thinker's worker process (vLLM's own check), not by the input processor.
     "bad sampling parameter": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"thinker": {"top_p": 5.0}}), "top_p"),
+    # Typed as vLLM's SamplingParams declares (2.5 was once truncated to 2, "hot" failed deep in vLLM).
+    "fractional max_tokens": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"thinker": {"max_tokens": 2.5}}), "max_tokens"),
+    "text temperature": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"thinker": {"temperature": "hot"}}), "temperature"),
     "unknown voice": (OmniRequest(prompt="hi", modalities=("text", "audio"), extra={"voice": "Nobody"}), "voice"),
     # Rejected inside the talker's worker process.
     "unknown talker speaker": (OmniRequest(prompt="hi", modalities=("text", "audio"), params={"talker": {"speaker": "Nobody"}}), "speaker"),
@@ -330,6 +333,7 @@ BAD_REQUESTS: dict[str, tuple[OmniRequest, str]] = {
 # The request field each names (OpenAI error bodies carry it), also from inside a stage process.
 BAD_PARAMS = {
     "prompt longer than the context": "messages", "bad sampling parameter": "top_p", "unknown voice": "voice",
+    "fractional max_tokens": "max_tokens", "text temperature": "temperature",
     "unknown talker speaker": "speaker",
 }
 
