@@ -122,9 +122,11 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
 class VideoRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/videos``.
 
-    `input_reference` is OpenAI's field for the first frame; `last_frame` and `references` are Omni's
-    extensions: the last frame, and reference media in the order the model reads them (``{"type":
-    "image", "image": URL}``, ``{"type": "audio", "audio": URL}``). Every medium is a base64 ``data:``
+    `input_reference` is OpenAI's field for the first frame (a URL, or OpenAI's ``{"image_url": URL}``;
+    in a ``multipart/form-data`` body, as OpenAI's client sends it, also a file upload:
+    `omni_core.server.forms`); `last_frame` and `references` are Omni's extensions: the last frame,
+    and reference media in the order the model reads them (``{"type": "image", "image": URL}``,
+    ``{"type": "audio", "audio": URL}``). Every medium is a base64 ``data:``
     URL, or a ``file://`` / ``http(s)://`` URL the operator allowed (`omni_core.media_access`), which
     the server reads into one; it reads no other path and fetches no other URL for a client. A family
     that cannot take one answers 400.
@@ -135,8 +137,8 @@ class VideoRequest(msgspec.Struct, kw_only=True):
     seconds: str | None = None
     size: str | None = None
     seed: int | None = None
-    input_reference: str | None = None
-    last_frame: str | None = None
+    input_reference: str | dict[str, Any] | None = None
+    last_frame: str | dict[str, Any] | None = None
     references: list[dict[str, Any]] | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
 
@@ -217,13 +219,37 @@ class ImagesResponse(msgspec.Struct):
 
 
 class VideoJob(msgspec.Struct):
+    """OpenAI's video object. `progress` (0-100) follows the denoising steps; `seconds` and `size` are
+    what the request asked until the job completes, then what was produced (frame counts snap to
+    what the model generates)."""
+
     id: str
     created_at: int
     status: Literal["queued", "in_progress", "completed", "failed"]
     model: str
     prompt: str
+    progress: int = 0
+    seconds: str | None = None
+    size: str | None = None
+    completed_at: int | None = None
     error: ErrorDetail | None = None
     object: str = "video"
+
+
+class VideoList(msgspec.Struct):
+    """``GET /v1/videos``: the server's jobs, a page at a time (OpenAI's cursor list)."""
+
+    data: list[VideoJob]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+    object: str = "list"
+
+
+class VideoDeleted(msgspec.Struct):
+    id: str
+    deleted: bool = True
+    object: str = "video.deleted"
 
 
 class SSEEvent(msgspec.Struct):

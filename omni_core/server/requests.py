@@ -190,6 +190,10 @@ def video_request(body: VideoRequest, pipeline: ResolvedPipeline, media: MediaAc
         extra["seed"] = body.seed
     for field, key in (("input_reference", "image"), ("last_frame", "last_image")):
         value = getattr(body, field)
+        if isinstance(value, dict):  # OpenAI's image reference object
+            if set(value) != {"image_url"} or not isinstance(value["image_url"], str):
+                raise APIError(400, f"{field} as an object takes only image_url (file ids are not supported: send the image)", param=field)
+            value = value["image_url"]
         if value is not None:
             value = data_url(value, media, field)
             if not value.startswith("data:image/"):

@@ -6,10 +6,10 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.openapi import ResponseSpec
 from litestar.params import Body
 from litestar.response import ServerSentEvent
@@ -19,6 +19,7 @@ from omni_core.engine.request import OmniRequest
 from omni_core.outputs import OutputDelta
 from omni_core.server.encoding import b64, encode_audio, encode_png, pcm16
 from omni_core.server.errors import APIError, to_api_error
+from omni_core.server.forms import FormRequest
 from omni_core.server.generation import Tracked
 from omni_core.server.media_urls import inline_media_params
 from omni_core.server.protocol import (
@@ -37,7 +38,9 @@ from omni_core.server.protocol import (
     SpeechRequest,
     SSEEvent,
     Usage,
+    VideoDeleted,
     VideoJob,
+    VideoList,
     VideoRequest,
 )
 from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
@@ -196,16 +199,32 @@ class ImagesController(Controller):
         return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(encode_png(image))) for image in result.images])
 
 
+class _VideoForm(FormRequest):
+    """``POST /v1/videos`` also as a form, as OpenAI's client sends it (`omni_core.server.forms`)."""
+
+    json_fields = frozenset({"seed", "stage_params", "references"})
+
+
 class VideosController(Controller):
     path = "/v1/videos"
     tags = ["videos"]
 
-    @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job")
+    @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job", request_class=_VideoForm)
     async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
-        return server.videos.start(tracked, server.model_name, data.prompt)
+        return server.videos.start(tracked, server.model_name, data.prompt, data.seconds, data.size)
+
+    @get(responses={400: ERROR_RESPONSES[400], 404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="The video jobs, a page at a time")
+    async def list_videos(
+        self, server: ServerState, limit: int = 20, after: str | None = None, order: Literal["asc", "desc"] = "desc"
+    ) -> VideoList:
+        return server.videos.list(limit, after, order)
+
+    @delete("/{video_id:str}", status_code=200, responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="Cancel a video job and forget it")
+    async def delete_video(self, video_id: str, server: ServerState) -> VideoDeleted:
+        return await server.videos.delete(video_id)
 
     @get("/{video_id:str}", responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="A video job's status")
     async def retrieve(self, video_id: str, server: ServerState) -> VideoJob:

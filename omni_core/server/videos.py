@@ -1,17 +1,21 @@
-"""Video jobs: ``POST /v1/videos`` starts one, ``GET`` polls it, ``/content`` downloads the MP4."""
+"""Video jobs, as OpenAI's Videos API has them: ``POST /v1/videos`` starts one, ``GET`` polls it (its
+``progress`` follows the denoising steps), ``/content`` downloads the MP4, ``GET /v1/videos`` lists
+the jobs and ``DELETE`` cancels one (the request is aborted in every stage) and forgets it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import OrderedDict
+from typing import Any, Literal
 
 import attrs
+import msgspec
 
 from omni_core.media import encode_mp4
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.generation import Tracked
-from omni_core.server.protocol import ErrorDetail, VideoJob
+from omni_core.server.protocol import ErrorDetail, VideoDeleted, VideoJob, VideoList
 
 
 @attrs.define
@@ -28,8 +32,11 @@ class VideoJobs:
         self.max_jobs = max_jobs
         self.entries: OrderedDict[str, _Entry] = OrderedDict()
 
-    def start(self, tracked: Tracked, model: str, prompt: str) -> VideoJob:
-        job = VideoJob(id=tracked.request.request_id, created_at=int(time.time()), status="in_progress", model=model, prompt=prompt)
+    def start(self, tracked: Tracked, model: str, prompt: str, seconds: str | None = None, size: str | None = None) -> VideoJob:
+        job = VideoJob(
+            id=tracked.request.request_id, created_at=int(time.time()), status="in_progress", model=model, prompt=prompt,
+            seconds=seconds, size=size,
+        )
         entry = _Entry(job)
         entry.task = asyncio.create_task(self._run(entry, tracked))
         self.entries[job.id] = entry
@@ -42,15 +49,26 @@ class VideoJobs:
 
     async def _run(self, entry: _Entry, tracked: Tracked) -> None:
         try:
-            result = await tracked.run()
+            async for delta in tracked.deltas():
+                progress = delta.data.get("progress") if isinstance(delta.data, dict) else None
+                if isinstance(progress, dict) and progress.get("total"):
+                    # (99 at most: the VAE decode and the MP4 encoding come after the last step)
+                    percent = min(99, int(100 * progress["step"] / progress["total"]))
+                    entry.job = msgspec.structs.replace(entry.job, progress=max(entry.job.progress, percent))
+            result = tracked.result
             if result.video is None:
                 raise APIError(500, "the pipeline produced no video", type="server_error")
-            audio = result.audio
-            entry.content = await asyncio.to_thread(encode_mp4, result.video, result.fps or 24.0, audio, result.sample_rate)
-            entry.job = _with_status(entry.job, "completed")
+            fps = result.fps or 24.0
+            entry.content = await asyncio.to_thread(encode_mp4, result.video, fps, result.audio, result.sample_rate)
+            frames, height, width = _video_shape(result.video)
+            entry.job = msgspec.structs.replace(
+                entry.job, status="completed", progress=100, completed_at=int(time.time()),
+                seconds=f"{frames / fps:.3f}".rstrip("0").rstrip("."), size=f"{width}x{height}",
+            )
         except Exception as exc:
             api = to_api_error(exc)
-            entry.job = _with_status(entry.job, "failed", ErrorDetail(message=str(api), type=api.type, param=api.param, code=api.code))
+            error = ErrorDetail(message=str(api), type=api.type, param=api.param, code=api.code)
+            entry.job = msgspec.structs.replace(entry.job, status="failed", completed_at=int(time.time()), error=error)
 
     def shutdown(self) -> None:
         for entry in self.entries.values():
@@ -72,8 +90,33 @@ class VideoJobs:
             raise APIError(409 if entry.job.status != "failed" else 400, f"video {video_id!r} is {entry.job.status}", param="video_id", code="video_not_ready")
         return entry.content
 
+    def list(self, limit: int = 20, after: str | None = None, order: Literal["asc", "desc"] = "desc") -> VideoList:
+        """A page of jobs by creation, newest first for ``desc``; `after` is the last id of the
+        previous page."""
+        if not 1 <= limit <= 100:
+            raise APIError(400, f"limit must be between 1 and 100, got {limit}", param="limit")
+        jobs = [entry.job for entry in self.entries.values()]
+        if order == "desc":
+            jobs.reverse()
+        if after is not None:
+            ids = [job.id for job in jobs]
+            if after not in ids:
+                raise APIError(404, f"no video job {after!r} (after)", param="after", code="not_found")
+            jobs = jobs[ids.index(after) + 1 :]
+        page = jobs[:limit]
+        return VideoList(data=page, first_id=page[0].id if page else None, last_id=page[-1].id if page else None, has_more=len(jobs) > limit)
 
-def _with_status(job: VideoJob, status: str, error: ErrorDetail | None = None) -> VideoJob:
-    import msgspec
+    async def delete(self, video_id: str) -> VideoDeleted:
+        """Forget the job; one still running is cancelled first (its request aborted in every stage)."""
+        entry = self._entry(video_id)
+        del self.entries[video_id]
+        if entry.task is not None and not entry.task.done():
+            entry.task.cancel()
+            await asyncio.gather(entry.task, return_exceptions=True)
+        return VideoDeleted(id=video_id)
 
-    return msgspec.structs.replace(job, status=status, error=error)
+
+def _video_shape(video: Any) -> tuple[int, int, int]:
+    """(frames, height, width) of a (T, H, W, 3) video (a tensor or an array)."""
+    frames, height, width = (int(n) for n in tuple(video.shape)[:3])
+    return frames, height, width

@@ -88,6 +88,72 @@ def test_videos_route_serves_an_mp4_with_sound(server: LiveServer, frames: dict)
     assert _streams(content.content) == (124, 2, 8000)
 
 
+def test_openai_client_creates_polls_and_downloads_a_video(server: LiveServer, tmp_path: Path) -> None:
+    """OpenAI's own client: `videos.create` posts a form (the first frame as a file upload, what
+    `extra_body` adds as bracketed fields), then poll, download, list and delete."""
+    import warnings
+
+    import openai
+
+    frame = tmp_path / "first.png"
+    frame.write_bytes(base64.b64decode(_png_data_url(48, 32, 7).split(",", 1)[1]))
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (OpenAI deprecates its own video models)
+        with frame.open("rb") as upload:
+            job = client.videos.create(
+                model=MODEL, prompt="a kite in the wind", size="32x32", input_reference=upload,  # type: ignore[arg-type]
+                extra_body={"seed": 2, "stage_params": {"dit": {"num_inference_steps": 2}}},
+            )
+        done = client.videos.poll(job.id, poll_interval_ms=200)
+        assert (done.status, done.progress, done.size, done.seconds) == ("completed", 100, "32x32", "5.167")
+        assert _streams(client.videos.download_content(job.id).content) == (124, 2, 8000)
+        assert job.id in [video.id for video in client.videos.list()]
+        assert client.videos.delete(job.id).deleted
+        with pytest.raises(openai.BadRequestError, match="multiples of 32"):
+            client.videos.create(model=MODEL, prompt="a kite", size="33x32")  # type: ignore[arg-type]
+
+
+def _cancelled(server: LiveServer) -> float:
+    import httpx
+
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("omni_requests_cancelled_total ")))
+
+
+def test_video_jobs_report_progress_list_and_delete(server: LiveServer) -> None:
+    """OpenAI's Videos API around the jobs: `progress` follows the steps, `GET /v1/videos` pages
+    through the jobs (newest first), `DELETE` cancels a running job in the stages and forgets it."""
+    import httpx
+
+    body = {"model": MODEL, "prompt": "a storm at sea", "size": "256x256", "seed": 5, "stage_params": {"dit": {"num_inference_steps": 1000}}}
+    long = httpx.post(f"{server.url}/v1/videos", json=body, timeout=60).json()
+    assert (long["status"], long["progress"], long["size"], long["completed_at"]) == ("in_progress", 0, "256x256", None)
+    deadline = time.monotonic() + 120
+    while (job := httpx.get(f"{server.url}/v1/videos/{long['id']}", timeout=30).json())["progress"] == 0:
+        assert job["status"] == "in_progress" and time.monotonic() < deadline, job
+        time.sleep(0.2)
+    assert job["status"] == "in_progress" and 0 < job["progress"] < 100, job
+
+    short = httpx.post(f"{server.url}/v1/videos", json={**body, "size": "32x32", "stage_params": {"dit": {"num_inference_steps": 2}}}, timeout=60).json()
+    listed = httpx.get(f"{server.url}/v1/videos", params={"limit": 1}, timeout=30).json()
+    assert [job["id"] for job in listed["data"]] == [short["id"]] and listed["has_more"] and listed["object"] == "list"
+    after = httpx.get(f"{server.url}/v1/videos", params={"after": short["id"]}, timeout=30).json()
+    assert after["data"][0]["id"] == long["id"]
+    assert httpx.get(f"{server.url}/v1/videos", params={"limit": 0}, timeout=30).status_code == 400
+
+    cancelled = _cancelled(server)
+    deleted = httpx.delete(f"{server.url}/v1/videos/{long['id']}", timeout=30)
+    assert deleted.json() == {"id": long["id"], "deleted": True, "object": "video.deleted"}
+    assert _cancelled(server) == cancelled + 1  # the running request was aborted, not left to finish
+    assert httpx.get(f"{server.url}/v1/videos/{long['id']}", timeout=30).status_code == 404
+    assert httpx.delete(f"{server.url}/v1/videos/{long['id']}", timeout=30).status_code == 404
+
+    done = _finished(server, short["id"])  # (the other job goes on)
+    assert (done["status"], done["progress"], done["size"], done["seconds"]) == ("completed", 100, "32x32", "5.167"), done
+    assert done["completed_at"] >= done["created_at"]
+
+
 def _wav_data_url(seconds: float, rate: int) -> str:
     import soundfile
 
