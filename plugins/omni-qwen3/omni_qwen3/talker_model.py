@@ -47,6 +47,7 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import get_act_fn
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import SupportsMRoPE
@@ -78,9 +79,14 @@ class Qwen3OmniTalkerForCausalLM(HiddenStateCapture, Qwen3MoeForCausalLM, Suppor
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         talker_config = vllm_config.model_config.hf_config
         self.num_code_groups = int(talker_config.num_code_groups)
-        self.code_predictor = CodePredictor(talker_config.code_predictor_config, prefix=maybe_prefix(prefix, "code_predictor"))
+        # vLLM's quantization (the stage's `quantization` option) reaches these layers too, as it
+        # does the talker's own: every linear but the codebook heads (vLLM keeps LM heads unquantized).
+        quant_config = vllm_config.quant_config
+        self.code_predictor = CodePredictor(
+            talker_config.code_predictor_config, prefix=maybe_prefix(prefix, "code_predictor"), quant_config=quant_config
+        )
         # The streamed thinker text rows are projected here, a step's rows of every request at once.
-        self.text_projection = _ResizeMLP(talker_config, prefix=maybe_prefix(prefix, "text_projection"))
+        self.text_projection = _ResizeMLP(talker_config, prefix=maybe_prefix(prefix, "text_projection"), quant_config=quant_config)
 
     # --- vLLM hooks ---------------------------------------------------------------------------
 
@@ -248,10 +254,10 @@ class CodePredictor(nn.Module):
     would cost more than this small model's arithmetic.
     """
 
-    def __init__(self, config: Any, prefix: str = "") -> None:
+    def __init__(self, config: Any, prefix: str = "", quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.num_code_groups = int(config.num_code_groups)
-        self.model = _PredictorModel(config, prefix=f"{prefix}.model")
+        self.model = _PredictorModel(config, prefix=f"{prefix}.model", quant_config=quant_config)
         self.lm_head = nn.ModuleList(
             ReplicatedLinear(config.hidden_size, config.vocab_size, bias=False, prefix=f"{prefix}.lm_head.{i}")
             for i in range(self.num_code_groups - 1)
@@ -325,11 +331,15 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
 class _ResizeMLP(nn.Module):
     """transformers' ``Qwen3OmniMoeTalkerResizeMLP`` on vLLM layers: thinker rows -> talker width."""
 
-    def __init__(self, config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, prefix: str, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         text = config.text_config
-        self.linear_fc1 = ReplicatedLinear(config.thinker_hidden_size, text.intermediate_size, bias=True, prefix=f"{prefix}.linear_fc1")
-        self.linear_fc2 = ReplicatedLinear(text.intermediate_size, text.hidden_size, bias=True, prefix=f"{prefix}.linear_fc2")
+        self.linear_fc1 = ReplicatedLinear(
+            config.thinker_hidden_size, text.intermediate_size, bias=True, quant_config=quant_config, prefix=f"{prefix}.linear_fc1"
+        )
+        self.linear_fc2 = ReplicatedLinear(
+            text.intermediate_size, text.hidden_size, bias=True, quant_config=quant_config, prefix=f"{prefix}.linear_fc2"
+        )
         self.act_fn = get_act_fn(text.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -339,9 +349,11 @@ class _ResizeMLP(nn.Module):
 
 
 class _PredictorModel(nn.Module):
-    def __init__(self, config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, prefix: str, quant_config: QuantizationConfig | None) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(_PredictorLayer(config, prefix=f"{prefix}.layers.{i}") for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            _PredictorLayer(config, prefix=f"{prefix}.layers.{i}", quant_config=quant_config) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.codec_embedding = nn.ModuleList(
             nn.Embedding(config.vocab_size, config.hidden_size) for _ in range(int(config.num_code_groups) - 1)
@@ -349,7 +361,7 @@ class _PredictorModel(nn.Module):
 
 
 class _PredictorAttention(nn.Module):
-    def __init__(self, config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, prefix: str, quant_config: QuantizationConfig | None) -> None:
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         hidden = config.hidden_size
@@ -359,9 +371,12 @@ class _PredictorAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = QKVParallelLinear(
-            hidden, self.head_dim, config.num_attention_heads, config.num_key_value_heads, bias=bias, prefix=f"{prefix}.qkv_proj"
+            hidden, self.head_dim, config.num_attention_heads, config.num_key_value_heads, bias=bias,
+            quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden, bias=bias, prefix=f"{prefix}.o_proj")
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, hidden, bias=bias, quant_config=quant_config, prefix=f"{prefix}.o_proj"
+        )
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
@@ -387,12 +402,12 @@ class _PredictorAttention(nn.Module):
 
 
 class _PredictorLayer(nn.Module):
-    def __init__(self, config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, prefix: str, quant_config: QuantizationConfig | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.self_attn = _PredictorAttention(config, prefix=f"{prefix}.self_attn")
+        self.self_attn = _PredictorAttention(config, prefix=f"{prefix}.self_attn", quant_config=quant_config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, config.hidden_act, prefix=f"{prefix}.mlp")
+        self.mlp = Qwen2MLP(config.hidden_size, config.intermediate_size, config.hidden_act, quant_config=quant_config, prefix=f"{prefix}.mlp")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Any, kv: torch.Tensor, rows: int, start: int) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv, rows, start)

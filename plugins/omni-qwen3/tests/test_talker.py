@@ -339,3 +339,62 @@ def test_a_thinker_capture_short_of_the_prompt_is_rejected(talker: Any, cases: A
     short = {**data, "thinker_embeds": data["thinker_embeds"][:3], "thinker_hidden": data["thinker_hidden"][:3]}
     with pytest.raises(InvalidRequestError, match="embedding rows for a"):
         adapter.on_chunk({}, Chunk("short", "thinker", 0, short, final=True))
+
+
+# Builds the talker's own layers under vLLM (one rank, gloo) with a quantization config that records
+# which layers ask it for a method; a fresh process, as vLLM's parallel state is process-wide.
+_QUANT_PROBE = """
+import json, socket, sys
+import torch
+from transformers import AutoConfig
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import QuantizationConfig
+
+class Recording(QuantizationConfig):
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+    def get_name(self): return "recording"
+    def get_supported_act_dtypes(self): return [torch.float32]
+    @classmethod
+    def get_min_capability(cls): return 0
+    @staticmethod
+    def get_config_filenames(): return []
+    @classmethod
+    def from_config(cls, config): return cls()
+    def get_quant_method(self, layer, prefix):
+        self.asked.append(prefix)
+        return UnquantizedLinearMethod()
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+with set_current_vllm_config(VllmConfig()):
+    init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=0, backend="gloo")
+    initialize_model_parallel(1, 1)
+    from omni_qwen3.talker_model import CodePredictor, _ResizeMLP
+    talker = AutoConfig.from_pretrained(sys.argv[1]).talker_config
+    recording = Recording()
+    parts = {
+        "code_predictor": CodePredictor(talker.code_predictor_config, prefix="code_predictor", quant_config=recording),
+        "text_projection": _ResizeMLP(talker, prefix="text_projection", quant_config=recording),
+    }
+    linears = [f"{root}.{name}" for root, part in parts.items() for name, m in part.named_modules() if isinstance(m, LinearBase)]
+    print(json.dumps({"asked": recording.asked, "linears": linears}))
+"""
+
+
+def test_the_stage_quantization_reaches_the_code_predictor_and_the_projection(tiny_dir: Path) -> None:
+    """`talker.quantization` is vLLM's quant_config: the talker's own layers (code predictor, text
+    projection) take it as vLLM's do, every linear but the codebook heads (vLLM keeps LM heads
+    unquantized). No vLLM quantization runs on CPU, so the layers' requests are what is checked."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _QUANT_PROBE, str(tiny_dir)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = [name for name in probe["linears"] if ".lm_head." not in name]
+    assert len(expected) >= 6 and sorted(probe["asked"]) == sorted(expected), probe
