@@ -68,9 +68,11 @@ class ToyAROptions:
 
 class ToyARRuntime:
     """Stands for a stage runtime class: `resolve()` only reads its `Options`, and whether it
-    overrides `StageRuntime.shared_model` (``share_model_with``)."""
+    overrides `StageRuntime.shared_model` (``share_model_with``); as the thinker's model part, the
+    options it applies (`load_options`)."""
 
     Options = ToyAROptions
+    load_options = frozenset({"quantization"})
 
     def shared_model(self) -> Any:
         raise NotImplementedError

@@ -216,9 +216,13 @@ def _check_shared_models(stages: list[ResolvedStage], model_path: str) -> None:
                         key=f"stages.{stage.name}.{setting}",
                     )
         if stage.options.get("quantization") is not None:
+            own_copy = f"give {stage.name!r} its own copy (share_model_with: null)"
+            if "quantization" in getattr(load_ref(host.model), "load_options", frozenset()):  # (imports it: on this error only)
+                fix = f"set quantization on {host_name!r}, or {own_copy}"
+            else:
+                fix = f"{host_name!r}'s model part does not apply quantization either: {own_copy} to quantize it"
             raise ConfigError(
-                f"stage {stage.name!r} runs on stage {host_name!r}'s weights, so it cannot quantize them: set "
-                f"quantization on {host_name!r}, or give {stage.name!r} its own copy (share_model_with: null)",
+                f"stage {stage.name!r} runs on stage {host_name!r}'s weights, so it cannot quantize them: {fix}",
                 key=f"stages.{stage.name}.options.quantization",
             )
         dtypes = [other.options.get("dtype") for other in (host, stage)]

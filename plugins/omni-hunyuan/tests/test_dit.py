@@ -162,7 +162,11 @@ def test_first_block_caching_skips_steps_per_request_and_threshold_zero_changes_
     assert np.abs(finals["exact"]["image"].astype(int) - expected.astype(int)).max() <= 1
     assert "cache" not in finals["exact"]
     assert finals["zero"]["cache"] == {"computed_steps": 8, "skipped_steps": 0}
-    np.testing.assert_array_equal(finals["zero"]["image"], finals["exact"]["image"])
+    # Every step computed, as without the cache. (The two are different rows of one batched forward,
+    # which some CPUs' matmul kernels round differently: bit-equal on one machine, a level at one
+    # pixel of 12288 on another.)
+    levels = np.abs(finals["zero"]["image"].astype(int) - finals["exact"]["image"].astype(int))
+    assert levels.max() <= 1 and (levels > 0).mean() < 1e-3, (levels.max(), (levels > 0).sum())
     loose = finals["loose"]
     assert loose["cache"]["skipped_steps"] > 0 and loose["cache"]["computed_steps"] + loose["cache"]["skipped_steps"] == 8
     error = np.mean((loose["image"].astype(float) - finals["exact"]["image"].astype(float)) ** 2)
@@ -254,6 +258,8 @@ def test_quantization_is_refused_where_it_would_not_apply(checkpoint: Path) -> N
     with pytest.raises(ConfigError, match="runs on stage 'ar''s weights, so it cannot quantize them") as shared:
         resolve(str(checkpoint), overrides=("dit.quantization=int8",))
     assert shared.value.key == "stages.dit.options.quantization"
+    # (the way out it names is the one that works here: the host, ar, applies no quantization)
+    assert "'ar''s model part does not apply quantization either: give 'dit' its own copy" in str(shared.value)
     assert resolve(str(checkpoint), overrides=("dit.quantization=int8", "dit.share_model_with=")).stage("dit").quantization
     for option in ("cuda_graphs", "vae_tiling"):  # not implemented by this dit: refused, not ignored
         with pytest.raises(ConfigError, match=f"does not implement {option}"):
