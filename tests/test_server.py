@@ -52,6 +52,7 @@ class Reference:
     text: str
     audio: np.ndarray | None
     sample_rate: int | None
+    log_softmax: np.ndarray | None = None  # [steps, vocab]: each generated token's distribution
 
 
 @attrs.frozen
@@ -104,14 +105,17 @@ def _toy_reference(messages: list[dict[str, str]], max_tokens: int) -> Reference
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     lm = AutoModelForCausalLM.from_pretrained(root / "lm", dtype=torch.float32).eval()
     with torch.inference_mode():
-        out = lm.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False)
-    token_ids = out[0, len(prompt_ids) :].tolist()
+        out = lm.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    token_ids = out.sequences[0, len(prompt_ids) :].tolist()
+    log_softmax = torch.log_softmax(torch.cat(out.logits).float(), dim=-1).numpy()
     config = VocoderConfig.read(root / "vocoder")
     net = ToyVocoderNet(config)
     net.load_state_dict(load_file(str(root / "vocoder" / WEIGHTS_NAME)))
     with torch.inference_mode():
         audio = net.eval()(net.features(torch.tensor([token_ids])))[0].numpy()
-    return Reference(prompt_ids, token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), audio, config.sample_rate)
+    return Reference(prompt_ids, token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), audio, config.sample_rate, log_softmax)
 
 
 CASES = {
@@ -279,6 +283,45 @@ def test_chat_text_matches_reference(inline_server: LiveServer, served: ServedMo
         assert usage.prompt_tokens == len(reference.prompt_token_ids)
         assert usage.completion_tokens == len(reference.token_ids)
         assert choice.message.content == reference.text
+        # OpenAI's logit_bias reaches vLLM's sampler: -100 on the greedy first token takes it out.
+        banned = _client(inline_server).chat.completions.create(
+            model=served.model, messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, modalities=["text"],
+            logit_bias={str(reference.token_ids[0]): -100},
+        )
+        assert banned.choices[0].message.content != reference.text
+
+
+def test_chat_logprobs_match_reference(inline_server: LiveServer, served: ServedModel, reference: Reference | None) -> None:
+    """OpenAI's ``logprobs``/``top_logprobs``: per generated token its logprob and the top ones, the
+    same in a stream; against transformers' log-softmax of the same weights where there is a reference."""
+    client = _client(inline_server)
+    asked: dict[str, Any] = dict(model=served.model, messages=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0, modalities=["text"], logprobs=True, top_logprobs=3)
+    completion = client.chat.completions.create(**asked)
+    choice = completion.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    content = choice.logprobs.content
+    assert completion.usage is not None and len(content) == completion.usage.completion_tokens
+    for entry in content:
+        tops = [top.logprob for top in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and all(p <= 0.0 for p in tops)
+        assert entry.logprob <= tops[0] + 1e-6  # (the likeliest by the raw logits; a penalty may pick another)
+        assert entry.bytes == list(entry.token.encode("utf-8"))
+    if reference is not None and reference.log_softmax is not None:
+        assert len(content) == len(reference.token_ids)
+        for step, entry in enumerate(content):
+            expected = reference.log_softmax[step]
+            assert entry.logprob == pytest.approx(float(expected[reference.token_ids[step]]), abs=1e-4), step
+            likeliest = np.sort(expected)[::-1][:3]
+            assert [top.logprob for top in entry.top_logprobs] == pytest.approx(likeliest.tolist(), abs=1e-4), step
+    streamed = [
+        (entry.token, entry.logprob)
+        for chunk in client.chat.completions.create(**asked, stream=True)
+        for piece in chunk.choices if piece.logprobs is not None and piece.logprobs.content
+        for entry in piece.logprobs.content
+    ]
+    assert streamed == [(entry.token, entry.logprob) for entry in content]
+    # Not asked for: none.
+    assert client.chat.completions.create(**{**asked, "logprobs": None, "top_logprobs": None}).choices[0].logprobs is None
 
 
 def test_chat_text_and_audio(inline_server: LiveServer, served: ServedModel, reference: Reference | None) -> None:
@@ -456,6 +499,12 @@ ERROR_CASES: dict[str, tuple[Callable[[ServedModel], Any], int, str | None]] = {
     "unknown-stage": (lambda s: {"model": s.model, "messages": [_MSG], "stage_params": {"no_such_stage": {"max_tokens": 1}}}, 400, None),
     "unknown-stage-param": (lambda s: {"model": s.model, "messages": [_MSG], "stage_params": {s.text_stage: {"no_such_param": 1}}}, 400, None),
     "n-2": (lambda s: {"model": s.model, "messages": [_MSG], "n": 2}, 400, None),
+    # OpenAI fields Omni does not implement: refused, never answered as if not asked
+    "top-logprobs-without-logprobs": (lambda s: {"model": s.model, "messages": [_MSG], "top_logprobs": 2}, 400, None),
+    "top-logprobs-over-20": (lambda s: {"model": s.model, "messages": [_MSG], "logprobs": True, "top_logprobs": 21}, 400, None),
+    "json-response-format": (lambda s: {"model": s.model, "messages": [_MSG], "response_format": {"type": "json_object"}}, 400, None),
+    "tools": (lambda s: {"model": s.model, "messages": [_MSG], "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, None),
+    "logit-bias-not-numbers": (lambda s: {"model": s.model, "messages": [_MSG], "logit_bias": {"1": "high"}}, 400, None),
     "max-tokens-0": (lambda s: {"model": s.model, "messages": [_MSG], "max_tokens": 0}, 400, None),
     "unknown-modality": (lambda s: {"model": s.model, "messages": [_MSG], "modalities": ["smell"]}, 400, None),
     "oversized-body": (lambda s: {"model": s.model, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}, 413, None),

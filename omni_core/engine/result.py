@@ -14,7 +14,7 @@ from omni_core.outputs import OutputDelta
 class OmniResult:
     """Everything a request produced, by modality.
 
-    `text`/`token_ids`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
+    `text`/`token_ids`/`logprobs`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
     (float32 samples: ``[N]`` mono, or ``[N, 2]`` when a stage sends stereo) and `sample_rate`, `images`, `video`/`fps` and `actions` from whichever
     stage sends those keys (a diffusion stage may send a video and its audio in one delta).
     `actions` is an array (``[steps, action width]``), or a list of them for ``n`` samples.
@@ -24,6 +24,7 @@ class OmniResult:
     request_id: str
     text: str = ""
     token_ids: list[int] = attrs.field(factory=list)
+    logprobs: list[Any] = attrs.field(factory=list)  # per token, when asked for (`omni_core.stages.ar`)
     prompt_token_ids: list[int] | None = None
     finish_reason: str | None = None
     sample_rate: int | None = None
@@ -39,6 +40,7 @@ class OmniResult:
         if delta.modality == "text":
             self.text += data.pop("text", "") or ""
             self.token_ids.extend(int(t) for t in data.pop("token_ids", []) or [])
+            self.logprobs.extend(data.pop("logprobs", None) or [])
             prompt = data.pop("prompt_token_ids", None)
             if prompt is not None and self.prompt_token_ids is None:
                 self.prompt_token_ids = [int(t) for t in prompt]

@@ -88,11 +88,21 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     user: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
     task: str | None = None
     sampling_params_list: list[Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    # OpenAI fields Omni does not implement: read so that a request setting one is refused (400)
+    # rather than answered as if it had not asked (`omni_core.server.requests.UNSUPPORTED_CHAT_FIELDS`).
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):
@@ -186,6 +196,7 @@ class Choice(msgspec.Struct):
     index: int
     message: AssistantMessage
     finish_reason: str | None
+    logprobs: dict[str, Any] | None = None  # OpenAI's ``{"content": [...]}`` when asked for
 
 
 class ChatCompletion(msgspec.Struct):

@@ -18,7 +18,21 @@ from omni_core.server.protocol import (
 from omni_core.engine.sampling_params_list import stage_params_from_list
 
 # OpenAI sampling fields that go to the pipeline's first AR stage under the same names.
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty")
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+)
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound (and vLLM's default max_logprobs)
+
+# OpenAI chat fields Omni does not implement, each with what a request may still send (the values
+# that ask for nothing): any other value is a 400 naming the field, never silently dropped.
+UNSUPPORTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+}
 
 # A prompt's text is refused before it is tokenized when it is longer than this many characters per
 # token of the first AR stage's context: no tokenizer packs that much text into one token, so such a
@@ -117,6 +131,9 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
     call it in a thread."""
     if body.n != 1:
         raise APIError(400, "only n=1 is supported", param="n")
+    for field, harmless in UNSUPPORTED_CHAT_FIELDS.items():
+        if getattr(body, field) not in harmless:
+            raise APIError(400, f"{field} is not supported by Omni's chat completions: leave it out", param=field)
     if not body.messages:
         raise APIError(400, "messages must not be empty", param="messages")
     check_prompt_size(message_chars(body.messages), max_chars, "messages")
@@ -127,6 +144,12 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         if modality not in pipeline.modalities:
             raise APIError(400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}", param="modalities", code="unsupported_modality")
     sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if body.logprobs:
+        if not 0 <= (body.top_logprobs or 0) <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {body.top_logprobs}", param="top_logprobs")
+        sampling["logprobs"] = body.top_logprobs or 0  # (vLLM's: the sampled token's, and this many top ones)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is not None:
         if max_tokens < 1:

@@ -103,7 +103,8 @@ class ChatController(Controller):
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return ServerSentEvent(_chat_events(tracked, await tracked.open_stream(), server.model_name, include_usage))
+            logprobs = (data.top_logprobs or 0) if data.logprobs else None
+            return ServerSentEvent(_chat_events(tracked, await tracked.open_stream(), server.model_name, include_usage, logprobs))
         result = await tracked.run_while_connected(request.receive)
         audio = None
         if result.audio is not None:
@@ -117,7 +118,12 @@ class ChatController(Controller):
             id=omni_request.request_id,
             created=int(time.time()),
             model=server.model_name,
-            choices=[Choice(index=0, message=message, finish_reason=result.finish_reason or "stop")],
+            choices=[
+                Choice(
+                    index=0, message=message, finish_reason=result.finish_reason or "stop",
+                    logprobs={"content": _logprob_entries(result.token_ids, result.logprobs, data.top_logprobs or 0)} if data.logprobs else None,
+                )
+            ],
             usage=_usage(tracked),
         )
         return Response(msgspec.json.encode(body), media_type="application/json")
@@ -129,17 +135,46 @@ def _image_parts(images: list[Any]) -> list[dict[str, Any]]:
     return [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(encode_png(image))}"}} for image in images]
 
 
-async def _chat_events(tracked: Tracked, deltas: AsyncIterator[OutputDelta], model: str, include_usage: bool) -> AsyncIterator[str]:
+def _logprob_entries(token_ids: list[int], positions: list[Any], top: int) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content``: per generated token its text, logprob and UTF-8 bytes, with the
+    `top` likeliest tokens (`positions`: the ``ar`` stage's ``(token_id, logprob, rank, text)`` per
+    token; vLLM's -inf becomes -9999.0, as in vLLM's server, since JSON has no infinity)."""
+
+    def entry(token: str | None, logprob: float) -> dict[str, Any]:
+        text = token or ""
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for token_id, candidates in zip(token_ids, positions):
+        sampled = next((c for c in candidates if c[0] == token_id), None)
+        if sampled is None:
+            continue
+        ranked = sorted((c for c in candidates if c[2] is not None and c[2] <= top), key=lambda c: c[2])
+        content.append({**entry(sampled[3], sampled[1]), "top_logprobs": [entry(c[3], c[1]) for c in ranked[:top]]})
+    return content
+
+
+async def _chat_events(
+    tracked: Tracked, deltas: AsyncIterator[OutputDelta], model: str, include_usage: bool, logprobs: int | None = None
+) -> AsyncIterator[str]:
+    """The chat completion's SSE events; `logprobs` (the top count) adds each text chunk's tokens'."""
     created = int(time.time())
     base = {"id": tracked.request.request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     audio_id = f"audio_{uuid.uuid4().hex[:16]}"
+    pending: list[dict[str, Any]] = []  # logprobs of tokens not yet sent (a token may add no text)
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        return json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        if logprobs is not None and ("content" in delta or finish_reason is not None):
+            choice["logprobs"] = {"content": pending[:]}
+            pending.clear()
+        return json.dumps({**base, "choices": [choice]})
 
     yield chunk({"role": "assistant", "content": ""})
     try:
         async for delta in deltas:
+            if delta.modality == "text" and logprobs is not None:
+                pending += _logprob_entries(delta.data.get("token_ids") or [], delta.data.get("logprobs") or [], logprobs)
             if delta.modality == "text" and delta.data.get("text"):
                 yield chunk({"content": delta.data["text"]})
             elif delta.modality == "audio" and delta.data.get("audio") is not None and len(delta.data["audio"]):

@@ -554,8 +554,12 @@ class ARStageRuntime(StageRuntime):
         return self.model_part
 
 
-def _plain_logprobs(logprobs: Any) -> list[dict[int, float]] | None:
-    """vLLM's per-position `{token_id: Logprob}` as plain data that connectors can move."""
+def _plain_logprobs(logprobs: Any) -> list[list[tuple[int, float, int | None, str | None]]] | None:
+    """vLLM's per-position `{token_id: Logprob}` as plain data that connectors can move: per generated
+    token, ``(token_id, logprob, rank, decoded token)`` of the sampled token and of the top ones."""
     if not logprobs:
         return None
-    return [{int(tid): float(lp.logprob) for tid, lp in position.items()} for position in logprobs]
+    return [
+        [(int(tid), float(lp.logprob), lp.rank, lp.decoded_token) for tid, lp in (position or {}).items()]
+        for position in logprobs
+    ]
