@@ -96,9 +96,9 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     task: str | None = None
     sampling_params_list: list[Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     # OpenAI fields Omni does not implement: read so that a request setting one is refused (400)
     # rather than answered as if it had not asked (`omni_core.server.requests.UNSUPPORTED_CHAT_FIELDS`).
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None

@@ -27,7 +27,6 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound (and vLLM's default max_logprobs)
 # OpenAI chat fields Omni does not implement, each with what a request may still send (the values
 # that ask for nothing): any other value is a 400 naming the field, never silently dropped.
 UNSUPPORTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
-    "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
@@ -150,6 +149,10 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         if not 0 <= (body.top_logprobs or 0) <= MAX_TOP_LOGPROBS:
             raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {body.top_logprobs}", param="top_logprobs")
         sampling["logprobs"] = body.top_logprobs or 0  # (vLLM's: the sampled token's, and this many top ones)
+    if body.response_format is not None:
+        structured = structured_outputs(body.response_format)
+        if structured is not None:
+            sampling["structured_outputs"] = structured
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is not None:
         if max_tokens < 1:
@@ -168,6 +171,22 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         extra=extra,
         request_id=f"chatcmpl-{new_request_id()[4:]}",
     )
+
+
+def structured_outputs(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` as vLLM's ``structured_outputs`` (the text stage decodes under its
+    grammar): ``json_object`` any JSON object, ``json_schema`` its ``schema``; ``text`` nothing."""
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise APIError(400, "response_format json_schema needs json_schema.schema (a JSON schema object)", param="response_format")
+        return {"json": spec["schema"]}
+    raise APIError(400, f"response_format type must be text, json_object or json_schema, got {kind!r}", param="response_format")
 
 
 def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline, max_chars: int | None = None) -> OmniRequest:

@@ -55,7 +55,7 @@ def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingPar
             )
     kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
     try:
-        _check_types(params)
+        params = _check_types(params)
         # A fresh object per request: vLLM need not deep-copy it on add_request (with a talker's
         # allowed_token_ids list that copy costs most of adding the request).
         return SamplingParams.from_optional(**params, output_kind=kind, skip_clone=True)
@@ -63,19 +63,23 @@ def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingPar
         raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from exc
 
 
-def _check_types(params: dict[str, Any]) -> None:
+def _check_types(params: dict[str, Any]) -> dict[str, Any]:
     """Each value against the type `SamplingParams` declares for it (``max_tokens: 2.5`` or
     ``temperature: "hot"`` would otherwise be truncated or fail deep inside vLLM). `SamplingParams`
     is a msgspec struct, so msgspec checks them (JSON's string keys of ``logit_bias`` read as token
-    ids, an int where a float is declared)."""
+    ids, an int where a float is declared). Returns `params` with ``structured_outputs`` as vLLM's
+    `StructuredOutputsParams` where a request gave it as an object (JSON has no other way)."""
     import msgspec
     from vllm import SamplingParams
 
     try:
-        msgspec.convert({k: v for k, v in params.items() if v is not None}, SamplingParams, str_keys=True)
+        checked = msgspec.convert({k: v for k, v in params.items() if v is not None}, SamplingParams, str_keys=True)
     except msgspec.ValidationError as exc:
         where = re.search(r"`\$\.(\w+)", str(exc))
         raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=where.group(1) if where else None) from exc
+    if isinstance(params.get("structured_outputs"), dict):
+        params = {**params, "structured_outputs": checked.structured_outputs}
+    return params
 
 
 def _param_of(exc: BaseException) -> str | None:
