@@ -143,7 +143,7 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         if modality not in pipeline.modalities:
             raise APIError(400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}", param="modalities", code="unsupported_modality")
     sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     if body.logprobs:
         if not 0 <= (body.top_logprobs or 0) <= MAX_TOP_LOGPROBS:
