@@ -63,9 +63,11 @@ class OutputDelta:
     """What one stage contributes to a user-facing output, per chunk.
 
     The core understands these keys of `data` (plugins' output adapters produce them):
-    `text` (str delta), `token_ids` (list[int] delta), `prompt_token_ids` (list[int], once),
-    `audio` (float32 samples: 1-D, or ``[N, 2]`` stereo), `sample_rate` (int), `image` (HxWxC uint8 array or a list of them),
-    `video` (TxHxWxC uint8), `fps` (float), `actions` (array). Other keys are passed through.
+    `text` (str delta), `token_ids` (list[int] delta), `logprobs` (per token, when asked for),
+    `prompt_token_ids` (list[int], once), `audio` (float32 samples: 1-D, or ``[N, 2]`` stereo),
+    `sample_rate` (int), `image` (HxWxC uint8 array or a list of them), `video` (TxHxWxC uint8), `fps`
+    (float), `actions` (array), `progress` (a diffusion stage's step: `step_progress`). Other keys are
+    passed through.
     """
 
     request_id: str
@@ -74,6 +76,15 @@ class OutputDelta:
     index: int
     data: Payload = attrs.field(factory=dict)
     final: bool = False
+
+    @property
+    def step_progress(self) -> tuple[int, int] | None:
+        """``(step, total)`` of a diffusion stage's progress chunk (`omni_core.stages.diffusion`), else None."""
+        progress = self.data.get("progress") if isinstance(self.data, dict) else None
+        if not isinstance(progress, dict):
+            return None
+        step, total = progress.get("step"), progress.get("total")
+        return (step, total) if isinstance(step, int) and isinstance(total, int) and total > 0 else None
 
 
 @attrs.define

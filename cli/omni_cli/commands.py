@@ -110,12 +110,9 @@ def _data_url(path: Path) -> str:
 def _worth_a_line(delta: Any) -> bool:
     """Every chunk; of a diffusion stage's steps, the first, the last and about every tenth (a
     50-step image would otherwise print 50 lines)."""
-    progress = delta.data.get("progress") if isinstance(delta.data, dict) else None
-    if not isinstance(progress, dict):
+    if delta.step_progress is None or delta.step_progress[1] <= 10:
         return True
-    step, total = progress.get("step"), progress.get("total")
-    if not isinstance(step, int) or not isinstance(total, int) or total <= 10:
-        return True
+    step, total = delta.step_progress
     return step in (1, total) or step * 10 // total != (step - 1) * 10 // total
 
 
@@ -123,9 +120,8 @@ def _describe(delta: Any) -> str:
     """A progress line for a non-text delta: a diffusion step, or what the chunk carries (a
     diffusion stage's declared output is ``video`` even when it draws an image)."""
     data = delta.data if isinstance(delta.data, dict) else {}
-    progress = data.get("progress")
-    if isinstance(progress, dict):
-        return f"[{delta.stage}] step {progress.get('step')}/{progress.get('total')}"
+    if delta.step_progress is not None:
+        return f"[{delta.stage}] step {delta.step_progress[0]}/{delta.step_progress[1]}"
     carried = [key for key in _MEDIA_KEYS if data.get(key) is not None] or [delta.modality]
     return f"[{delta.stage}] {', '.join(carried)} chunk {delta.index}{' (final)' if delta.final else ''}"
 

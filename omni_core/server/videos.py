@@ -50,10 +50,10 @@ class VideoJobs:
     async def _run(self, entry: _Entry, tracked: Tracked) -> None:
         try:
             async for delta in tracked.deltas():
-                progress = delta.data.get("progress") if isinstance(delta.data, dict) else None
-                if isinstance(progress, dict) and progress.get("total"):
+                if delta.step_progress is not None:
+                    step, total = delta.step_progress
                     # (99 at most: the VAE decode and the MP4 encoding come after the last step)
-                    percent = min(99, int(100 * progress["step"] / progress["total"]))
+                    percent = min(99, 100 * step // total)
                     entry.job = msgspec.structs.replace(entry.job, progress=max(entry.job.progress, percent))
             result = tracked.result
             if result.video is None:

@@ -63,6 +63,19 @@ def build_sampling_params(params: dict[str, Any], *, delta: bool) -> SamplingPar
         raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=_param_of(exc)) from exc
 
 
+@functools.cache
+def _sampling_types() -> type:
+    """A msgspec struct with `SamplingParams`' fields, each optional, and none of its checks: the
+    types alone (`_check_types`; the values are `SamplingParams`' to check, once)."""
+    import typing
+
+    import msgspec
+    from vllm import SamplingParams
+
+    fields = [(f.name, typing.Optional[f.type], None) for f in msgspec.structs.fields(SamplingParams)]
+    return msgspec.defstruct("SamplingParamTypes", fields)
+
+
 def _check_types(params: dict[str, Any]) -> dict[str, Any]:
     """Each value against the type `SamplingParams` declares for it (``max_tokens: 2.5`` or
     ``temperature: "hot"`` would otherwise be truncated or fail deep inside vLLM). `SamplingParams`
@@ -70,10 +83,9 @@ def _check_types(params: dict[str, Any]) -> dict[str, Any]:
     ids, an int where a float is declared). Returns `params` with ``structured_outputs`` as vLLM's
     `StructuredOutputsParams` where a request gave it as an object (JSON has no other way)."""
     import msgspec
-    from vllm import SamplingParams
 
     try:
-        checked = msgspec.convert({k: v for k, v in params.items() if v is not None}, SamplingParams, str_keys=True)
+        checked = msgspec.convert(params, _sampling_types(), str_keys=True)
     except msgspec.ValidationError as exc:
         where = re.search(r"`\$\.(\w+)", str(exc))
         raise InvalidRequestError(f"invalid sampling parameters: {exc}", param=where.group(1) if where else None) from exc
