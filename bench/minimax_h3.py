@@ -301,7 +301,7 @@ class Run:
 class DiffusersSystem:
     """The baseline: diffusers' `MiniMaxH3ModularPipeline`, one prompt per call."""
 
-    def __init__(self, model: str, device: str, dtype: str, stride: int) -> None:
+    def __init__(self, model: str, device: str, dtype: str, stride: int, compile: bool = False) -> None:
         import torch
         from diffusers import ModularPipeline
         from omni_minimax_h3.reference import ProcessorStandIn
@@ -319,6 +319,8 @@ class DiffusersSystem:
         self.pipe.to(device)
         self.pipe.set_progress_bar_config(disable=True)
         self.transformer = self.pipe.transformer
+        if compile:  # the library's own regional compilation (every transformer block and refiner block)
+            self.transformer.compile_repeated_blocks(fullgraph=True)
         self.device, self.stride = device, stride
 
     def one(self, index: int, size: tuple[int, int], steps: int) -> np.ndarray:
@@ -348,7 +350,8 @@ class DiffusersSystem:
 class OmniSystem:
     """Omni: the minimax-h3 family's pipeline (encoder + dit), both stages inline, no entry points needed."""
 
-    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, stride: int, quantization: str | None = None) -> None:
+    def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, stride: int, quantization: str | None = None,
+                 compile: bool = False) -> None:
         import omni_minimax_h3.plugin
 
         from omni_core import Omni
@@ -361,6 +364,8 @@ class OmniSystem:
                      f"dit.dtype={dtype}", f"dit.device={device}"]
         if quantization:
             overrides.append(f"dit.quantization={quantization}")
+        if compile:
+            overrides.append("dit.compile=true")
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
         self.stride = stride
         self.system = f"omni+{quantization}" if quantization else "omni"
@@ -511,8 +516,9 @@ class Report:
             f"{m.get('device_name', a['device'])}, {a['dtype']}, t2va {w}x{h}, {FRAMES} frames ({FRAMES / FPS:.2f} s at {FPS} fps), "
             f"{a['steps']} steps ({a['steps'] - 1} transformer forwards), concurrency 1 and {a['concurrency']}, "
             f"{a['repeats']} repeats of each configuration in this one process. torch {m.get('torch')}, diffusers {m.get('diffusers')}. "
-            "Both systems eager (Omni's minimax-h3 dit stage has no compiled path yet), same dtype, the same "
-            "attention kernel (diffusers' `dispatch_attention_fn`, native backend).",
+            + ("Both systems compiled (diffusers: `compile_repeated_blocks(fullgraph=True)`, its regional compilation; "
+               "Omni: the dit stage's `compile` option, the blocks' attention-free halves)" if a.get("compile") else "Both systems eager")
+            + ", same dtype, the same attention kernel (diffusers' `dispatch_attention_fn`, native backend).",
             f"Checkpoint: text encoder {m.get('param_text_encoder', 0) / 1e9:.2f}B ({ENCODER_LAYERS} layers of Qwen3-VL-32B's widths), "
             f"transformer {m.get('transformer_params', 0) / 1e9:.2f}B, video VAE {m.get('param_vae', 0) / 1e9:.2f}B, "
             f"audio VAE {m.get('param_audio_vae', 0) / 1e9:.2f}B; written in {m.get('checkpoint_write_s', float('nan')):.0f} s; "
@@ -693,7 +699,7 @@ def run(args: argparse.Namespace) -> Report:
     stride = args.psnr_stride
 
     began = time.perf_counter()
-    base = DiffusersSystem(model, args.device, args.dtype, stride)
+    base = DiffusersSystem(model, args.device, args.dtype, stride, compile=args.compile)
     report.meta["diffusers_load_s"] = time.perf_counter() - began
     transformer = base.transformer
     report.meta["flops"] = attrs.asdict(FlopModel.from_transformer(transformer))
@@ -701,7 +707,10 @@ def run(args: argparse.Namespace) -> Report:
     block = transformer.transformer_blocks[0]
     report.meta["block_bytes"] = sum(p.numel() * p.element_size() for p in block.parameters())
     timer = ForwardTimer(transformer, args.device)
-    base.one(0, size, 2)  # warm-up (also records the packed layout's rows)
+    # Warm-up (also records the packed layout's rows); compiled, every prompt: their text lengths
+    # differ, and the compiled blocks' recompile for a new length must not land in the measured runs.
+    for i in range(n if args.compile else 1):
+        base.one(i, size, 2)
     report.meta["rows"] = list(timer.rows or (0, 0, 0))
     log(f"diffusers loaded and warm; rows {report.meta['rows']}")
     report.write()
@@ -715,11 +724,12 @@ def run(args: argparse.Namespace) -> Report:
         report.meta["cuda_allocated_before_omni_mib"] = torch.cuda.memory_allocated(args.device) / 2**20
 
     began = time.perf_counter()
-    omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride)
+    omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, compile=args.compile)
     report.meta["omni_load_s"] = time.perf_counter() - began
     try:
         timer = ForwardTimer(omni.transformer(), args.device)
-        omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
+        omni.omni.generate([OmniSystem.request(0, size, 2, None)])  # warm-up, alone and with N (compiled: both shapes)
+        omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])
         log("omni loaded and warm")
         for repeat in range(args.repeats):
             if not args.skip_c1:
@@ -736,7 +746,7 @@ def run(args: argparse.Namespace) -> Report:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, quantization=args.quantization)
+        omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, quantization=args.quantization, compile=args.compile)
         try:
             timer = ForwardTimer(omni.transformer(), args.device)
             omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
@@ -824,6 +834,7 @@ def main() -> None:
     parser.add_argument("--quantization", choices=("fp8", "int8"), default=None,
                         help="then Omni again at --concurrency with the dit stage's quantization option")
     parser.add_argument("--skip-c1", action="store_true", help="leave out Omni at concurrency 1")
+    parser.add_argument("--compile", action="store_true", help="both systems compiled (diffusers' regional compilation, Omni's dit compile)")
     parser.add_argument("--probe", action="store_true", help="time released-width parts in memory and exit")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out")
     parser.add_argument("--scratch", default="/tmp/omni-bench-ckpt", help="where random checkpoints are written (not $OUT)")

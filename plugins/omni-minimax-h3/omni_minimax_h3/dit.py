@@ -37,7 +37,7 @@ from omni_core.parts import PartContext
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_heads
 from omni_minimax_h3.loading import LOAD_LOCK
-from omni_minimax_h3.packed import CacheRow, PackedInput, forward_packed, use_segmented_attention
+from omni_minimax_h3.packed import EAGER, BlockKernels, CacheRow, PackedInput, forward_packed, use_segmented_attention
 from omni_minimax_h3.requests import MAX_STEPS, Geometry, Request, parse_request
 
 DIFFUSERS_REQUIREMENT = "diffusers>=0.40,<0.43"
@@ -66,7 +66,7 @@ class MiniMaxH3DiT(DiffusionModel):
     """The ``dit`` stage's model part (its own factory: ``MiniMaxH3DiT(context)``)."""
 
     max_steps = MAX_STEPS
-    load_options = frozenset({"quantization", "vae_tiling"})  # (no compiled path, no CUDA graphs yet)
+    load_options = frozenset({"quantization", "compile", "vae_tiling"})  # (no CUDA graphs: the step's row count varies)
     parallel_modes = frozenset({"ulysses"})
 
     def __init__(self, context: PartContext) -> None:
@@ -77,6 +77,7 @@ class MiniMaxH3DiT(DiffusionModel):
         self.dtype = torch.float32
         self.geometry: Geometry | None = None
         self.parallel = SINGLE
+        self.kernels = EAGER
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -124,6 +125,7 @@ class MiniMaxH3DiT(DiffusionModel):
             tile = spec.vae_tile
             pipe.vae.enable_tiling(tile, tile, tile and tile // 4, tile and tile // 4)
         self.pipe = pipe
+        self.kernels = BlockKernels.compiled() if spec.compile else EAGER
         self.geometry = Geometry.from_checkpoint(self.path)
         pipe.set_progress_bar_config(disable=True)
         self._prepare = {task: self._blocks(task) for task in ("t2va", "fl2va", "ref2va")}
@@ -246,7 +248,7 @@ class MiniMaxH3DiT(DiffusionModel):
         transformer = getattr(self.pipe, samples[0].batch_key)
         inputs = [self._packed_input(sample.state, sample.step) for sample in samples]
         caches = [CacheRow(s.cache, s.step, s.total_steps) if s.cache is not None else None for s in samples]
-        outputs = forward_packed(transformer, inputs, caches, self.parallel)
+        outputs = forward_packed(transformer, inputs, caches, self.parallel, self.kernels)
         for sample, (video, audio) in zip(samples, outputs):
             self._scheduler_step(sample.state, sample.step, video, audio)
 

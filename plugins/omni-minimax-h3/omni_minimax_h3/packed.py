@@ -119,7 +119,8 @@ class Segments:
 class SegmentedAttention:
     """`MiniMaxH3AttnProcessor` with block-diagonal attention: given `Segments` as the attention
     mask, each request attends to itself only (one unmasked attention per request); otherwise the
-    library's processor as it is.
+    library's processor as it is. (The block stack calls `project_qkv`, `attend` and
+    `project_out` itself, `run_block`; the token refiner's blocks come through here.)
 
     Under Ulysses the hidden states are this rank's shares: the projections, norms and rotary
     angles are per row, so they run on the shares; one all-to-all (queries, keys and values side by
@@ -134,28 +135,101 @@ class SegmentedAttention:
     def __call__(self, attn: Any, hidden_states: torch.Tensor, rotary_emb: Any = None, attention_mask: Any = None) -> torch.Tensor:
         if not isinstance(attention_mask, Segments):
             return self.plain(attn, hidden_states, rotary_emb, attention_mask)
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        query, key, value = project_qkv(attn, hidden_states, rotary_emb)
+        return project_out(attn, attend(attention_mask, query, key, value))
 
-        query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
-        key = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
-        value = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
-        query, key = attn.norm_q(query), attn.norm_k(key)
-        if rotary_emb is not None:
-            query = diffusers_private.apply_rotary_emb(query, *rotary_emb)
-            key = diffusers_private.apply_rotary_emb(key, *rotary_emb)
-        parallel = attention_mask.parallel
-        if parallel.ulysses > 1:
-            query, key, value = parallel.seq_to_heads(torch.cat([query, key, value], dim=-1)).chunk(3, dim=-1)
-        rows = attention_mask.requests
-        outputs = [
-            dispatch_attention_fn(q.contiguous(), k.contiguous(), v.contiguous(), attn_mask=None, dropout_p=0.0, is_causal=False)
-            for q, k, v in zip(rows(query), rows(key), rows(value))
-        ]
-        out = attention_mask.join(outputs)
-        if parallel.ulysses > 1:
-            out = parallel.heads_to_seq(out)
-        out = out.flatten(2, 3).type_as(query)
-        return attn.to_out[1](attn.to_out[0](out))
+
+def project_qkv(attn: Any, hidden_states: torch.Tensor, rotary_emb: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`MiniMaxH3AttnProcessor` up to attention: the projections, QK norms and rotary angles
+    (``[1, rows, heads, head_dim]`` each)."""
+    query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
+    key = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
+    value = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
+    query, key = attn.norm_q(query), attn.norm_k(key)
+    if rotary_emb is not None:
+        query = diffusers_private.apply_rotary_emb(query, *rotary_emb)
+        key = diffusers_private.apply_rotary_emb(key, *rotary_emb)
+    return query, key, value
+
+
+def attend(segments: Segments, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Each request's rows attend to that request's rows only; ``[1, rows, heads * head_dim]`` in the
+    queries' dtype (under Ulysses: one all-to-all each way around it)."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    parallel = segments.parallel
+    if parallel.ulysses > 1:
+        query, key, value = parallel.seq_to_heads(torch.cat([query, key, value], dim=-1)).chunk(3, dim=-1)
+    rows = segments.requests
+    outputs = [
+        dispatch_attention_fn(q.contiguous(), k.contiguous(), v.contiguous(), attn_mask=None, dropout_p=0.0, is_causal=False)
+        for q, k, v in zip(rows(query), rows(key), rows(value))
+    ]
+    out = segments.join(outputs)
+    if parallel.ulysses > 1:
+        out = parallel.heads_to_seq(out)
+    return out.flatten(2, 3).type_as(query)
+
+
+def project_out(attn: Any, out: torch.Tensor) -> torch.Tensor:
+    """`MiniMaxH3AttnProcessor` after attention: the output projection."""
+    return attn.to_out[1](attn.to_out[0](out))
+
+
+def block_before_attention(
+    block: Any, hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[Any, ...]:
+    """`MiniMaxH3TransformerBlock.forward` up to attention: the block's modulation tables, the
+    modulated first norm, queries, keys and values; and the tables the rest of the block needs."""
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.adaln_proj(temb)
+    norm_hidden_states = block.norm1(hidden_states)
+    norm_hidden_states = norm_hidden_states * (1.0 + scale_msa.index_select(0, adaln_indices)) + shift_msa.index_select(0, adaln_indices)
+    query, key, value = project_qkv(block.attn, norm_hidden_states, (cos, sin))
+    return query, key, value, (gate_msa, shift_mlp, scale_mlp, gate_mlp)
+
+
+def block_after_attention(
+    block: Any, hidden_states: torch.Tensor, out: torch.Tensor, tables: tuple[torch.Tensor, ...], adaln_indices: torch.Tensor
+) -> torch.Tensor:
+    """`MiniMaxH3TransformerBlock.forward` from attention on: output projection, gated residual, the
+    modulated second norm, the feed-forward and its gated residual."""
+    gate_msa, shift_mlp, scale_mlp, gate_mlp = tables
+    hidden_states = hidden_states + gate_msa.index_select(0, adaln_indices) * project_out(block.attn, out)
+    norm_hidden_states = block.norm2(hidden_states)
+    norm_hidden_states = norm_hidden_states * (1.0 + scale_mlp.index_select(0, adaln_indices)) + shift_mlp.index_select(0, adaln_indices)
+    return hidden_states + gate_mlp.index_select(0, adaln_indices) * block.ff(norm_hidden_states)
+
+
+@attrs.frozen
+class BlockKernels:
+    """A transformer block's attention-free halves, eager or compiled with `torch.compile`.
+
+    Compiling fuses what surrounds the matrix products into few passes: the RMS norms, the AdaLN
+    table lookups (an ``index_select`` per row) with their scale, shift and gate, the QK norms,
+    the rotary angles, SwiGLU and the residual adds. Attention stays eager: its per-request calls
+    depend on the requests that share the step. The halves take the block as an argument, so one
+    compiled graph serves every block (and the row count is a dynamic dimension after its first
+    change: requests join and leave the step).
+    """
+
+    before: Any = block_before_attention
+    after: Any = block_after_attention
+
+    @classmethod
+    def compiled(cls) -> BlockKernels:
+        return cls(torch.compile(block_before_attention, dynamic=None), torch.compile(block_after_attention, dynamic=None))
+
+
+EAGER = BlockKernels()
+
+
+def run_block(
+    block: Any, hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor,
+    rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, kernels: BlockKernels = EAGER,
+) -> torch.Tensor:
+    """`MiniMaxH3TransformerBlock.forward` over several requests' rows, attention per request."""
+    query, key, value, tables = kernels.before(block, hidden_states, temb, adaln_indices, *rotary_emb)
+    return kernels.after(block, hidden_states, attend(rows, query, key, value), tables, adaln_indices)
 
 
 @attrs.define
@@ -194,7 +268,8 @@ class CacheRow:
 
 @torch.no_grad()
 def forward_packed(
-    transformer: Any, inputs: list[PackedInput], caches: list[CacheRow | None] | None = None, parallel: Parallel = SINGLE
+    transformer: Any, inputs: list[PackedInput], caches: list[CacheRow | None] | None = None, parallel: Parallel = SINGLE,
+    kernels: BlockKernels = EAGER,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Video and audio velocities of each request (``[Nv, ...]``, ``[Na, ...]``), with one forward for all.
 
@@ -203,7 +278,8 @@ def forward_packed(
     changed enough; the rest reuse the residual those blocks added at their last full step.
     `parallel`: under Ulysses, this rank runs the block stack on its share of each request's rows
     (every rank of the group calls this on the same inputs); every rank returns all velocities.
-    The transformer must use `SegmentedAttention` (`use_segmented_attention`).
+    `kernels`: the blocks' attention-free halves, eager or compiled (`BlockKernels`).
+    The transformer must use `SegmentedAttention` (`use_segmented_attention`: its token refiner).
     """
     from diffusers.models.modeling_utils import get_parameter_dtype
     from diffusers.models.transformers.transformer_minimax_h3 import MINIMAX_H3_MODALITY_NUM
@@ -251,9 +327,9 @@ def forward_packed(
     blocks = list(t.transformer_blocks)
     if caches is None or all(cache is None for cache in caches):
         for block in blocks:
-            hidden_states = block(hidden_states, temb, adaln_indices, rotary_emb, rows)
+            hidden_states = run_block(block, hidden_states, temb, adaln_indices, rotary_emb, rows, kernels)
     else:
-        hidden_states = _cached_blocks(blocks, hidden_states, temb, adaln_indices, rotary_emb, rows, caches)
+        hidden_states = _cached_blocks(blocks, hidden_states, temb, adaln_indices, rotary_emb, rows, caches, kernels)
     hidden_states = rows.gather(hidden_states, 1)
     hidden_states = t.norm_out(hidden_states, temb, timestep_indices).to(get_parameter_dtype(t.proj_out))
     video_out = t.proj_out(hidden_states).index_select(1, video_indices)[0]
@@ -276,7 +352,7 @@ def _refine(refiner: Any, hidden_states: torch.Tensor, segments: Segments) -> to
 
 def _cached_blocks(
     blocks: list[Any], hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor,
-    rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, caches: list[CacheRow | None],
+    rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, caches: list[CacheRow | None], kernels: BlockKernels,
 ) -> torch.Tensor:
     """First-block caching over packed requests: block 0 for all, the rest for the requests that must compute.
 
@@ -285,7 +361,7 @@ def _cached_blocks(
     from omni_core.stages import diffusion_cache
 
     before = hidden_states
-    hidden_states = blocks[0](hidden_states, temb, adaln_indices, rotary_emb, rows)
+    hidden_states = run_block(blocks[0], hidden_states, temb, adaln_indices, rotary_emb, rows, kernels)
     signal = hidden_states - before
     parallel = rows.parallel
     sum_over_tokens = None
@@ -309,7 +385,7 @@ def _cached_blocks(
         sub_rotary = (rotary_emb[0].index_select(0, index), rotary_emb[1].index_select(0, index))
         sub_adaln = adaln_indices.index_select(0, index)
         for block in blocks[1:]:
-            sub = block(sub, temb, sub_adaln, sub_rotary, sub_rows)
+            sub = run_block(block, sub, temb, sub_adaln, sub_rotary, sub_rows, kernels)
         out.index_copy_(1, index, sub)
     for (start, end), cache, computed in zip(rows.spans, caches, compute):
         if cache is None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_minimax_h3.packed import PackedInput, forward_packed
+from omni_minimax_h3.packed import BlockKernels, CacheRow, PackedInput, forward_packed
 from omni_minimax_h3.reference import FRAMES, SIZE, diffusers_run, request, run_dit, stage_inputs, to_uint8
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -116,6 +116,41 @@ def test_one_forward_equals_the_library_and_packing_changes_nothing(dit, process
         torch.testing.assert_close(audio, theirs[1][0], **TOL)
         alone = forward_packed(dit.model.pipe.transformer, [item])[0]
         torch.testing.assert_close(video, alone[0], **TOL)
+
+
+def test_compiled_blocks_equal_eager_ones(dit, processor, encoder) -> None:
+    """The ``compile`` option's blocks (`BlockKernels.compiled`, inductor on CPU here) give the eager
+    blocks' velocities, for one request and for three whose row count differs (a new shape), with
+    and without the first-block cache."""
+    from omni_core.stages.diffusion_cache import CacheConfig, CacheState
+
+    samples = [
+        prepared(dit, processor, encoder, "a red apple on a wooden table", "c1", seed=1, steps=3),
+        prepared(dit, processor, encoder, "a drummer plays a fast beat on a stage", "c2", seed=2, steps=5, size=[96, 64]),
+        prepared(dit, processor, encoder, "birds", "c3", seed=3, steps=4),
+    ]
+    dit.model.start(samples)
+    inputs = [dit.model._packed_input(s.state, step) for s, step in zip(samples, [0, 3, 1])]
+    transformer = dit.model.pipe.transformer
+    compiled = BlockKernels.compiled()
+    for batch in (inputs[:1], inputs):
+        eager_out = forward_packed(transformer, batch)
+        compiled_out = forward_packed(transformer, batch, kernels=compiled)
+        for (video, audio), (video_c, audio_c) in zip(eager_out, compiled_out):
+            torch.testing.assert_close(video_c, video, **TOL)
+            torch.testing.assert_close(audio_c, audio, **TOL)
+    # The first-block cache's path: step 0 runs every block and records; at step 1 a threshold of 0
+    # runs them again, one of 100 reuses the recorded residual (each system with its own states).
+    for threshold in (0.0, 100.0):
+        states = {kernels: [CacheState(CacheConfig("first_block", threshold, 0)) for _ in range(2)] for kernels in ("eager", "compiled")}
+        for step in (0, 1):
+            step_inputs = [dit.model._packed_input(s.state, step) for s in samples[:2]]
+            expected = forward_packed(transformer, step_inputs, [CacheRow(c, step, 5) for c in states["eager"]])
+            got = forward_packed(transformer, step_inputs, [CacheRow(c, step, 5) for c in states["compiled"]], kernels=compiled)
+            for (video, audio), (video_c, audio_c) in zip(expected, got):
+                torch.testing.assert_close(video_c, video, **TOL)
+                torch.testing.assert_close(audio_c, audio, **TOL)
+        assert [c.skipped_steps for c in states["compiled"]] == [c.skipped_steps for c in states["eager"]] == [int(threshold > 0)] * 2
 
 
 @torch.inference_mode()

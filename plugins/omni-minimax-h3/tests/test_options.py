@@ -42,9 +42,9 @@ def test_dit_options_stay_close_to_fp32(dit, processor, encoder, overrides: tupl
 
 
 def test_vae_tiling_reaches_the_vae_and_unimplemented_options_are_refused() -> None:
-    """``vae_tiling``/``vae_tile`` set the video VAE's tiles; ``compile`` and ``cuda_graphs``, which this
-    dit does not implement, and the encoder's ``compile``, are refused at resolve (naming the key)
-    instead of being ignored."""
+    """``vae_tiling``/``vae_tile`` set the video VAE's tiles; ``cuda_graphs``, which this dit does not
+    implement, and the encoder's ``compile`` are refused at resolve (naming the key) instead of
+    being ignored."""
     from omni_core.errors import ConfigError
 
     pipeline = resolve(MODEL, overrides=[*INLINE, "dit.vae_tiling=true", "dit.vae_tile=128"])
@@ -55,10 +55,28 @@ def test_vae_tiling_reaches_the_vae_and_unimplemented_options_are_refused() -> N
         assert vae.use_tiling and (vae.tile_sample_min_height, vae.tile_sample_min_overlap_width) == (128, 32)
     finally:
         runtime.close()
-    for option in ("compile", "cuda_graphs"):
-        with pytest.raises(ConfigError, match=f"does not implement {option}") as refused:
-            resolve(MODEL, overrides=[*INLINE, f"dit.{option}=true"])
-        assert refused.value.key == f"stages.dit.options.{option}"
+    with pytest.raises(ConfigError, match="does not implement cuda_graphs") as refused:
+        resolve(MODEL, overrides=[*INLINE, "dit.cuda_graphs=true"])
+    assert refused.value.key == "stages.dit.options.cuda_graphs"
     with pytest.raises(ConfigError, match="does not implement compile") as encoder:  # (a generation stage's compile)
         resolve(MODEL, overrides=[*INLINE, "encoder.compile=true"])
     assert encoder.value.key == "stages.encoder.options.compile"
+
+
+def test_compile_runs_the_compiled_blocks_and_gives_the_same_video(dit, processor, encoder) -> None:
+    """``compile: true``: the dit stage's blocks run compiled (`BlockKernels.compiled`), the video and
+    soundtrack those of the eager stage (the velocities within 1e-5: `test_equality`)."""
+    from omni_minimax_h3.packed import EAGER
+
+    item = request("a red apple on a wooden table", seed=2, steps=3)
+    plain = run_dit(dit, stage_inputs(processor, encoder, {"plain": item}))["plain"]
+    pipeline = resolve(MODEL, overrides=[*INLINE, "dit.compile=true"])
+    runtime = DiffusionStageRuntime(pipeline, pipeline.stage("dit"))
+    runtime.load()
+    try:
+        assert runtime.model.kernels is not EAGER and hasattr(runtime.model.kernels.before, "_torchdynamo_orig_callable")
+        compiled = run_dit(runtime, stage_inputs(processor, encoder, {"compiled": item}))["compiled"]
+    finally:
+        runtime.close()
+    assert np.abs(compiled["video"].astype(int) - plain["video"].astype(int)).max() <= 1
+    np.testing.assert_allclose(compiled["audio"], plain["audio"], rtol=1e-4, atol=1e-5)
