@@ -6,8 +6,8 @@ swap itself (`quantize_linears`) replaces the ``torch.nn.Linear`` modules of a D
 
 - ``int8``: int8 weight-only (per-output-channel symmetric scales, activations stay in the model's
   dtype); runs anywhere, halves (fp16/bf16) or quarters (fp32) the weights' memory.
-- ``fp8``: FP8 e4m3 weights and dynamically scaled FP8 activations through ``torch._scaled_mm``
-  (GPUs with FP8 tensor cores: Hopper, Ada, Blackwell).
+- ``fp8``: FP8 e4m3 weights (a scale per output channel) and FP8 activations scaled per token row on
+  the fly, through ``torch._scaled_mm`` (GPUs with FP8 tensor cores: Hopper, Ada, Blackwell).
 
 torch is imported inside functions: the core imports this module at discovery time.
 """
@@ -119,33 +119,42 @@ def _int8_class() -> type:
 def _fp8_class() -> type:
     import torch
 
+    FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
     class FP8Linear(torch.nn.Module):
-        """A linear layer with FP8 e4m3 weights (per-tensor scale) and dynamically scaled FP8 inputs."""
+        """A linear layer with FP8 e4m3 weights (a scale per output channel) and FP8 inputs scaled on the
+        fly (a scale per token row): ``torch._scaled_mm``'s row-wise scaling, fp32 scales, bf16 output.
+
+        Row-wise scales keep one large row or channel from flattening the others' precision (a
+        per-tensor scale does). Hopper's fast FP8 accumulation is on: it sums in lower precision
+        inside the tensor cores (measured 0.5% of the output's range on HunyuanImage-3.0's experts,
+        against FP8 rounding's ~5%) and is worth ~15% of the GEMMs' time."""
 
         def __init__(self, weight_fp8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
             super().__init__()
             self.in_features = weight_fp8.shape[1]
             self.out_features = weight_fp8.shape[0]
             self.register_buffer("weight_fp8", weight_fp8)
-            self.register_buffer("scale", scale)
+            self.register_buffer("scale", scale)  # [1, out_features], fp32
             self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), requires_grad=False)
 
         @classmethod
         def from_linear(cls, linear: torch.nn.Linear) -> "FP8Linear":
             weight = linear.weight.detach().float()
-            scale = (weight.abs().amax().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max).reshape(())
-            quantized = (weight / scale).to(torch.float8_e4m3fn)
-            return cls(quantized, scale.float(), linear.bias)
+            scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX
+            quantized = (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            return cls(quantized, scale.t().contiguous(), linear.bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            flat = x.reshape(-1, shape[-1])
-            x_scale = (flat.abs().amax().float().clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max).reshape(())
+            full = x.reshape(-1, shape[-1]).float()
+            x_scale = full.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX  # [M, 1]
             # contiguous: a column-major view (e.g. a transposed activation) would stay column-major
             # through the elementwise ops, and _scaled_mm takes only a row-major first operand.
-            x_fp8 = (flat.float() / x_scale).to(torch.float8_e4m3fn).contiguous()
-            out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-            out = torch._scaled_mm(x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.scale, out_dtype=out_dtype)
+            x_fp8 = (full / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).contiguous()
+            out = torch._scaled_mm(
+                x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.scale, out_dtype=torch.bfloat16, use_fast_accum=True
+            )
             out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
             return out if self.bias is None else out + self.bias.to(x.dtype)
 
