@@ -12,7 +12,9 @@ sees exactly what it sees alone (no padding, no mask), with the same kernels.
 
 The token refiner (attention over each request's text) runs the same way, segment by segment.
 `forward_packed` is the transformer's `forward` with those two changes; its steps and dtype casts
-follow diffusers' line by line, so one request gives the library's output.
+follow diffusers' line by line, so one request gives the library's output. Each block runs as
+`MiniMaxH3TransformerBlock.forward` does, split at attention (`run_block`): the two halves around
+it are what the ``compile`` option compiles (`BlockKernels`).
 
 Ulysses (`omni_core.stages.diffusion_parallel`): every block is per row except attention, and its
 attention is one self-attention over the request's whole packed sequence (text, video and audio
