@@ -132,10 +132,15 @@ class HunyuanInputProcessor(InputProcessor):
                 f"task {request.task!r} takes no image (image editing, it2i, is not supported); "
                 'with "modalities": ["text"] the image is read (i2t)', param="messages",
             )
+        asked = request.params.get(AR_STAGE, {})
+        if asked.get("structured_outputs") is not None:  # (chat's response_format: a JSON answer)
+            raise InvalidRequestError(
+                f"response_format applies to the text tasks t2t and i2t; task {request.task!r} draws an image "
+                "(and its reasoning must end in the ratio step)", param="response_format",
+            )
         if request.task == "t2i":
             return {STAGE: StageInput(data={"prompt": prompt, **dit}, final=True)}
         bot_task = REASONING[request.task]
-        asked = request.params.get(AR_STAGE, {})
         closer = self.tokens.end_think if bot_task == "think" else self.tokens.end_recaption
         # The reasoning, then the ratio step (`omni_hunyuan.ratio_tail`): it ends on a ratio token.
         # The reasoning's budget is the request's max_tokens; the ratio step adds its five tokens.

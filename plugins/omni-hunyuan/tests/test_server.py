@@ -135,6 +135,9 @@ def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveSer
         ({"task": "edit"}, "unknown task 'edit'; this model's tasks are: t2i, t2t, i2t, think_t2i, recaption_t2i"),
         ({"task": "t2t", "modalities": ["image"]}, "task 't2t' does not produce image"),
         ({"task": "i2t"}, "task 'i2t' needs an image"),
+        # A JSON answer (response_format) is the text tasks' only.
+        ({"modalities": ["image"], "response_format": {"type": "json_object"}}, "response_format applies to the text tasks t2t and i2t"),
+        ({"modalities": ["text", "image"], "response_format": {"type": "json_object"}}, "task 'think_t2i' draws an image"),
     ],
 )
 def test_a_task_it_cannot_run_is_a_400(server: LiveServer, extra: dict, message: str) -> None:
