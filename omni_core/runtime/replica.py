@@ -110,9 +110,13 @@ def _worker_main(
 ) -> None:
     """Entry point of a stage worker process (spawned). `guests`: stages that share this stage's
     model (``share_model_with``), each run by a worker thread here on its own channel."""
-    # Ctrl-C reaches the whole process group; the engine stops its workers itself (a Shutdown
-    # message, or EOF on the pipe if it dies), so a worker must not die mid-step on SIGINT.
+    # Ctrl-C reaches the whole process group, and so does SIGTERM from a service manager that stops
+    # a process group (systemd's default KillMode, `timeout`, supervisord's killasgroup). The engine
+    # stops its workers itself (a Shutdown message, or EOF on the pipe if it dies, then SIGKILL if
+    # one hangs), so a worker must not die mid-step on either: the engine would see a crash, log
+    # it and restart the replica (loading its weights again) while the server shuts down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pipeline = ResolvedPipeline.from_dict(pipeline_data)
     stage = prepare_worker_process(pipeline.stage(stage_name))
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [{stage_name}:{index}] %(name)s: %(message)s")
@@ -370,8 +374,8 @@ class ProcessReplica(Replica):
         return self.process is not None and not self._exited.done()
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Ask the worker to shut down; terminate it, then kill it, if it does not in time. A guest
-        only asks (its host's replica ends the process)."""
+        """Ask the worker to shut down; kill it if it does not in time (it ignores SIGTERM:
+        `_worker_main`). A guest only asks (its host's replica ends the process)."""
         self._stopping = True
         if self.process is None:
             return
@@ -382,7 +386,7 @@ class ProcessReplica(Replica):
             while self._channel is not None and self._channel.reading and not self._exited.done() and self._loop.time() < deadline:
                 await asyncio.sleep(0.02)  # its worker thread closes its channel when it ends
             return
-        for ending, wait in ((None, timeout), (self.process.terminate, 5.0), (self.process.kill, None)):
+        for ending, wait in ((None, timeout), (self.process.kill, None)):
             if self._exited.done():
                 break
             if ending is not None:
