@@ -121,6 +121,17 @@ def _fp8_class() -> type:
 
     FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 
+    def rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of ``[M, K]`` as FP8, each scaled by its absolute maximum, and the scales ``[M, 1]``."""
+        full = x.float()
+        scale = full.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX
+        return (full / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+    # On a GPU the scaling is one fused kernel even when the model is not compiled: eager, its
+    # five passes over the activation (a float copy, abs, max, divide, cast) cost more than the FP8
+    # GEMM saves (bench/fp8_linear.py). Compiled on its first call, for any row count.
+    fused_rows_fp8 = torch.compile(rows_fp8, dynamic=True)
+
     class FP8Linear(torch.nn.Module):
         """A linear layer with FP8 e4m3 weights (a scale per output channel) and FP8 inputs scaled on the
         fly (a scale per token row): ``torch._scaled_mm``'s row-wise scaling, fp32 scales, bf16 output.
@@ -147,11 +158,10 @@ def _fp8_class() -> type:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            full = x.reshape(-1, shape[-1]).float()
-            x_scale = full.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX  # [M, 1]
-            # contiguous: a column-major view (e.g. a transposed activation) would stay column-major
+            x_fp8, x_scale = (fused_rows_fp8 if x.is_cuda else rows_fp8)(x.reshape(-1, shape[-1]))
+            # contiguous: a column-major view (e.g. a transposed activation) could stay column-major
             # through the elementwise ops, and _scaled_mm takes only a row-major first operand.
-            x_fp8 = (full / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).contiguous()
+            x_fp8 = x_fp8.contiguous()
             out = torch._scaled_mm(
                 x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.scale, out_dtype=torch.bfloat16, use_fast_accum=True
             )
