@@ -115,22 +115,27 @@ def _int8_class() -> type:
     return Int8WeightOnlyLinear
 
 
+def fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of `x` (along its last dimension) as FP8 e4m3, each scaled by its absolute maximum, and
+    those scales (fp32, `x`'s shape with a last dimension of 1): ``x ~= rows * scales``. An activation's
+    token rows, or a weight's output channels (``[N, K]``, ``[experts, N, K]``). Traceable by
+    ``torch.compile``."""
+    import torch
+
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    full = x.float()
+    scale = full.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / fp8_max
+    return (full / scale).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn), scale
+
+
 @functools.cache
 def _fp8_class() -> type:
     import torch
 
-    FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
-
-    def rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of ``[M, K]`` as FP8, each scaled by its absolute maximum, and the scales ``[M, 1]``."""
-        full = x.float()
-        scale = full.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX
-        return (full / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
-
     # On a GPU the scaling is one fused kernel even when the model is not compiled: eager, its
     # five passes over the activation (a float copy, abs, max, divide, cast) cost more than the FP8
     # GEMM saves (bench/fp8_linear.py). Compiled on its first call, for any row count.
-    fused_rows_fp8 = torch.compile(rows_fp8, dynamic=True)
+    fused_rows_fp8 = torch.compile(fp8_rows, dynamic=True)
 
     class FP8Linear(torch.nn.Module):
         """A linear layer with FP8 e4m3 weights (a scale per output channel) and FP8 inputs scaled on the
@@ -151,14 +156,12 @@ def _fp8_class() -> type:
 
         @classmethod
         def from_linear(cls, linear: torch.nn.Linear) -> "FP8Linear":
-            weight = linear.weight.detach().float()
-            scale = weight.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / FP8_MAX
-            quantized = (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            quantized, scale = fp8_rows(linear.weight.detach())
             return cls(quantized, scale.t().contiguous(), linear.bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
-            x_fp8, x_scale = (fused_rows_fp8 if x.is_cuda else rows_fp8)(x.reshape(-1, shape[-1]))
+            x_fp8, x_scale = (fused_rows_fp8 if x.is_cuda else fp8_rows)(x.reshape(-1, shape[-1]))
             # contiguous: a column-major view (e.g. a transposed activation) could stay column-major
             # through the elementwise ops, and _scaled_mm takes only a row-major first operand.
             x_fp8 = x_fp8.contiguous()

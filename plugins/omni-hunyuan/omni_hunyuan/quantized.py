@@ -18,18 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from omni_core.quantization import fp8_rows, quantize_linears
+
 if TYPE_CHECKING:
     from omni_hunyuan.transformer import HunyuanImage3
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
 
 
 def quantize_layers(model: HunyuanImage3, spec: dict[str, Any]) -> int:
     """Quantize `model`'s decoder layers as the resolved `spec` says (``{"method": ..., "min_features": ...}``,
     `omni_core.quantization`); returns how many linears and stacked projections were replaced.
     A method the core does not know, or ``fp8`` without an FP8 GPU, is its `ConfigError`."""
-    from omni_core.quantization import quantize_linears
 
     layers = model.model.layers
     replaced = quantize_linears(layers, spec, skip=lambda name: name.endswith(".mlp.gate.wg"))
@@ -43,13 +41,12 @@ def quantize_layers(model: HunyuanImage3, spec: dict[str, Any]) -> int:
 def quantize_stacked(weight: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The experts' stacked projection ``[E, out, in]`` as ``method`` stores it, and its scales ``[E, out]``
     (fp32; symmetric, one per expert and output channel)."""
-    full = weight.detach().float()
-    amax = full.abs().amax(dim=-1).clamp_min(1e-12)
     if method == "fp8":
-        scale = amax / FP8_MAX
-        return (full / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+        quantized, scale = fp8_rows(weight.detach())
+        return quantized, scale.squeeze(-1)
     if method == "int8_weight_only":
-        scale = amax / 127.0
+        full = weight.detach().float()
+        scale = full.abs().amax(dim=-1).clamp_min(1e-12) / 127.0
         return torch.round(full / scale[..., None]).clamp(-127, 127).to(torch.int8), scale
     raise ValueError(f"grouped experts cannot be quantized with {method!r} (fp8, int8_weight_only)")
 
@@ -60,10 +57,10 @@ def dequantize_stacked(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.d
 
 
 def rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ``[M, K]`` as FP8 e4m3, each scaled by its absolute maximum, and those scales ``[M]`` (fp32)."""
-    full = x.float()
-    scale = full.abs().amax(dim=-1).clamp_min(1e-12) / FP8_MAX
-    return (full / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    """Rows of ``[M, K]`` as FP8 e4m3 and their scales ``[M]`` (fp32; the core's `fp8_rows`, the layout
+    ``torch._scaled_grouped_mm`` takes)."""
+    x_fp8, scale = fp8_rows(x)
+    return x_fp8, scale.squeeze(-1)
 
 
 def fp8_grouped_mm(
