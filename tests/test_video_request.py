@@ -1,4 +1,5 @@
-"""``POST /v1/videos`` bodies -> requests: the first/last frame and reference fields, data URLs only."""
+"""``POST /v1/videos`` and ``/v1/images/generations`` bodies -> requests: the first/last frame and
+reference fields, data URLs only; vLLM-Omni's diffusion fields; OpenAI's image fields."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from omni_core.server.errors import APIError
-from omni_core.server.protocol import VideoRequest
-from omni_core.server.requests import video_request
+from omni_core.server.protocol import ImageGenerationRequest, VideoRequest
+from omni_core.server.requests import image_request, video_request
 
 PIPELINE = SimpleNamespace(modalities=("video", "audio"), stages=())
 PNG = "data:image/png;base64,iVBORw0KGgo="
@@ -38,3 +39,47 @@ def test_media_that_would_be_fetched_or_read_is_refused(fields: dict, param: str
     with pytest.raises(APIError) as info:
         video_request(VideoRequest(model="m", prompt="a cat", **fields), PIPELINE)  # type: ignore[arg-type]
     assert info.value.status == 400 and info.value.param == param
+
+
+def _stage(name: str, kind: str) -> SimpleNamespace:
+    return SimpleNamespace(name=name, kind=kind)
+
+
+DRAWING = SimpleNamespace(modalities=("text", "image", "video"), stages=(_stage("ar", "ar"), _stage("dit", "diffusion")))
+
+
+def test_vllm_omni_diffusion_fields_go_to_the_stage_that_draws() -> None:
+    """vLLM-Omni's top-level ``num_inference_steps``/``guidance_scale``/``negative_prompt`` (and a
+    video's ``num_frames``/``fps``) are the last diffusion stage's parameters; ``stage_params`` wins
+    per key; a field that stage's model says it does not take is a 400 naming the field."""
+    body = ImageGenerationRequest(model="m", prompt="a cat", num_inference_steps=4, guidance_scale=2.5, stage_params={"dit": {"guidance_scale": 7.0}})
+    request = image_request(body, DRAWING)  # type: ignore[arg-type]
+    assert request.params == {"dit": {"num_inference_steps": 4, "guidance_scale": 7.0}}
+    video = video_request(VideoRequest(model="m", prompt="a cat", num_frames=22, fps=12, negative_prompt="rain"), DRAWING)  # type: ignore[arg-type]
+    assert video.params == {"dit": {"num_frames": 22, "fps": 12, "negative_prompt": "rain"}}
+    takes = {"dit": frozenset({"num_inference_steps", "guidance_scale"})}
+    assert image_request(body, DRAWING, takes=takes).params["dit"]["num_inference_steps"] == 4  # type: ignore[arg-type]
+    with pytest.raises(APIError) as info:
+        image_request(ImageGenerationRequest(model="m", prompt="a cat", negative_prompt="dogs"), DRAWING, takes=takes)  # type: ignore[arg-type]
+    assert info.value.status == 400 and info.value.param == "negative_prompt" and "'dit' stage does not take it" in str(info.value)
+    no_diffusion = SimpleNamespace(modalities=("image",), stages=(_stage("ar", "ar"),))
+    with pytest.raises(APIError) as info:
+        image_request(ImageGenerationRequest(model="m", prompt="a cat", guidance_scale=3.0), no_diffusion)  # type: ignore[arg-type]
+    assert info.value.param == "guidance_scale" and "no diffusion stage" in str(info.value)
+    assert image_request(ImageGenerationRequest(model="m", prompt="a cat"), DRAWING).params == {}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"background": "transparent"}, "background"), ({"output_compression": 101}, "output_compression"), ({"size": "big"}, "size")],
+)
+def test_image_fields_it_cannot_honour_are_a_400(fields: dict, param: str) -> None:
+    with pytest.raises(APIError) as info:
+        image_request(ImageGenerationRequest(model="m", prompt="a cat", **fields), DRAWING)  # type: ignore[arg-type]
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_image_size_auto_is_the_models_choice() -> None:
+    auto = image_request(ImageGenerationRequest(model="m", prompt="a cat", size="auto", background="opaque", quality="high"), DRAWING)  # type: ignore[arg-type]
+    assert "size" not in auto.extra
+    assert image_request(ImageGenerationRequest(model="m", prompt="a cat", size="64x32"), DRAWING).extra["size"] == (64, 32)  # type: ignore[arg-type]

@@ -41,7 +41,8 @@ class AsyncOmniEngine:
         self._connectors: list[Connector] = []
         self._sessions: dict[str, Any] = {}  # placement ref -> its `Replica.open_session`
         self._input_processor: InputProcessor | None = None
-        self._param_names: dict[str, frozenset[str]] = {}  # per stage, where its model declares them
+        # Per stage, where its model declares them, the per-request parameters it takes; known once started.
+        self.param_names: dict[str, frozenset[str]] = {}
         # Per stage, its parameters that carry a medium as a URL (a server inlines those the
         # operator allowed as data: URLs); known once started.
         self.media_params: dict[str, frozenset[str]] = {}
@@ -104,7 +105,7 @@ class AsyncOmniEngine:
 
     async def _load_param_names(self) -> None:
         pipeline = self.pipeline
-        self._param_names, self.media_params = await asyncio.to_thread(lambda: (stage_param_names(pipeline), stage_media_params(pipeline)))
+        self.param_names, self.media_params = await asyncio.to_thread(lambda: (stage_param_names(pipeline), stage_media_params(pipeline)))
 
     def _build_input_processor(self) -> InputProcessor:
         context = PartContext(self.pipeline)
@@ -152,7 +153,7 @@ class AsyncOmniEngine:
             raise OmniError("the engine is not started: call `await engine.start()` first")
         check_stage_names(request.params, [s.name for s in self.pipeline.stages])
         state = self.orchestrator.plan(request)
-        check_stage_params(request.params, self._param_names, {s.name: s.kind for s in self.pipeline.stages})
+        check_stage_params(request.params, self.param_names, {s.name: s.kind for s in self.pipeline.stages})
         request.task = state.task  # the input processor builds that task's entry inputs
         stage_inputs = await asyncio.to_thread(self._input_processor.process, request)
         await self.orchestrator.submit(state, stage_inputs)

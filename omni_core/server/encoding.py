@@ -34,11 +34,27 @@ def encode_audio(samples: Any, sample_rate: int, fmt: str) -> tuple[bytes, str]:
 
 
 def encode_png(image: Any) -> bytes:
+    return encode_image(image, "png")
+
+
+def encode_image(image: Any, fmt: str, compression: int | None = None) -> bytes:
+    """An RGB image (``[H, W, 3]`` uint8) as ``png``, ``jpeg`` or ``webp``; `compression` (0-100, as
+    OpenAI's ``output_compression``: 0 the least) sets JPEG/WebP quality to ``100 - compression``
+    (default: Pillow's, 75)."""
     from PIL import Image
 
+    options: dict[str, Any] = {}
+    if compression is not None and fmt in ("jpeg", "webp"):
+        options["quality"] = 100 - compression
     buffer = io.BytesIO()
-    Image.fromarray(np.asarray(image)).save(buffer, format="PNG")
+    Image.fromarray(np.asarray(image)).save(buffer, format=fmt.upper(), **options)
     return buffer.getvalue()
+
+
+def image_size(image: Any) -> str:
+    """An image's size as OpenAI writes it, ``"WIDTHxHEIGHT"``."""
+    height, width = np.asarray(image).shape[:2]
+    return f"{width}x{height}"
 
 
 def b64(data: bytes) -> str:

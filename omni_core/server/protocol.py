@@ -118,14 +118,32 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
 
 
 class ImageGenerationRequest(msgspec.Struct, kw_only=True):
-    """``POST /v1/images/generations``."""
+    """``POST /v1/images/generations``.
+
+    OpenAI's fields: `size` ``"WIDTHxHEIGHT"`` or ``"auto"`` (the model's choice, as no size);
+    `output_format` and `output_compression` (0-100, JPEG and WebP) as gpt-image-1's; `background`
+    ``"transparent"`` is refused (the images have no alpha); `quality`, `style`, `moderation` and
+    `user` are accepted and change nothing. vLLM-Omni's: `seed`, and `num_inference_steps`,
+    `guidance_scale`, `negative_prompt`, which go to the stage that draws (`stage_params` wins per
+    key; a parameter that stage does not take is a 400 naming it).
+    """
 
     model: str
     prompt: str
     n: int = 1
     size: str | None = None
     response_format: Literal["b64_json"] = "b64_json"
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: int | None = None
+    background: Literal["auto", "opaque", "transparent"] | None = None
+    quality: str | None = None
+    style: str | None = None
+    moderation: str | None = None
+    user: str | None = None
     seed: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
 
 
@@ -136,7 +154,9 @@ class VideoRequest(msgspec.Struct, kw_only=True):
     in a ``multipart/form-data`` body, as OpenAI's client sends it, also a file upload:
     `omni_core.server.forms`); `last_frame` and `references` are Omni's extensions: the last frame,
     and reference media in the order the model reads them (``{"type": "image", "image": URL}``,
-    ``{"type": "audio", "audio": URL}``). Every medium is a base64 ``data:``
+    ``{"type": "audio", "audio": URL}``). vLLM-Omni's `num_frames`, `fps`, `num_inference_steps`,
+    `guidance_scale` and `negative_prompt` go to the stage that draws, as on the images route.
+    Every medium is a base64 ``data:``
     URL, or a ``file://`` / ``http(s)://`` URL the operator allowed (`omni_core.media_access`), which
     the server reads into one; it reads no other path and fetches no other URL for a client. A family
     that cannot take one answers 400.
@@ -147,6 +167,11 @@ class VideoRequest(msgspec.Struct, kw_only=True):
     seconds: str | None = None
     size: str | None = None
     seed: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
     input_reference: str | dict[str, Any] | None = None
     last_frame: str | dict[str, Any] | None = None
     references: list[dict[str, Any]] | None = None
@@ -227,6 +252,8 @@ class ImageData(msgspec.Struct):
 class ImagesResponse(msgspec.Struct):
     created: int
     data: list[ImageData]
+    output_format: str = "png"
+    size: str | None = None  # "WIDTHxHEIGHT" of the images (of the first, were they to differ)
 
 
 class VideoJob(msgspec.Struct):

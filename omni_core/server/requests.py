@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest, new_request_id
@@ -16,6 +16,11 @@ from omni_core.server.protocol import (
     VideoRequest,
 )
 from omni_core.engine.sampling_params_list import stage_params_from_list
+
+# vLLM-Omni's top-level fields of /v1/images/generations and /v1/videos that go to the stage that
+# draws (`drawing_params`) under the same names.
+IMAGE_DRAWING_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt")
+VIDEO_DRAWING_FIELDS = (*IMAGE_DRAWING_FIELDS, "num_frames", "fps")
 
 # OpenAI sampling fields that go to the pipeline's first AR stage under the same names.
 SAMPLING_FIELDS = (
@@ -50,6 +55,29 @@ def check_model(pipeline_model: str, served_name: str, requested: str) -> None:
 
 def first_ar_stage(pipeline: ResolvedPipeline) -> str | None:
     return next((s.name for s in pipeline.stages if s.kind == "ar"), None)
+
+
+def drawing_stage(pipeline: ResolvedPipeline) -> str | None:
+    """The stage that draws a pipeline's images and videos: its last ``diffusion`` stage."""
+    return next((s.name for s in reversed(pipeline.stages) if s.kind == "diffusion"), None)
+
+
+def drawing_params(
+    pipeline: ResolvedPipeline, body: Any, fields: tuple[str, ...], takes: Mapping[str, frozenset[str]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """vLLM-Omni's top-level diffusion fields of a media request (`fields` of `body`, those set), as
+    per-stage parameters of the stage that draws (`drawing_stage`). One that stage does not take
+    (`takes`: the engine's `param_names`, where its model declares them) is a 400 naming the field."""
+    values = {name: getattr(body, name) for name in fields if getattr(body, name) is not None}
+    if not values:
+        return {}
+    target = drawing_stage(pipeline)
+    known = (takes or {}).get(target) if target is not None else frozenset()
+    for name in values:
+        if known is not None and name not in known:
+            where = f"this model's {target!r} stage does not take it (it takes: {', '.join(sorted(known))})" if target is not None else "this model has no diffusion stage"
+            raise APIError(400, f"{name} is not supported here: {where}", param=name)
+    return {target: values}
 
 
 def max_prompt_chars(pipeline: ResolvedPipeline) -> int:
@@ -97,8 +125,9 @@ def stage_params(
     listed: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per-stage parameters, the more specific source winning per key: top-level sampling fields
-    (-> the first AR stage), then `listed` (vLLM-Omni's ``sampling_params_list``, already mapped to
-    stage names), then `stage_params` (extension) per named stage."""
+    (-> the first AR stage), then `listed` (vLLM-Omni's per-stage fields, already mapped to stage
+    names: its ``sampling_params_list``, its media routes' diffusion fields), then `stage_params`
+    (extension) per named stage."""
     params: dict[str, dict[str, Any]] = {}
     target = first_ar_stage(pipeline)
     if sampling:
@@ -202,20 +231,33 @@ def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline, max_chars: i
     return OmniRequest(prompt=body.input, modalities=("audio",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"speech-{new_request_id()[4:]}")
 
 
-def image_request(body: ImageGenerationRequest, pipeline: ResolvedPipeline, max_chars: int | None = None) -> OmniRequest:
+def image_request(
+    body: ImageGenerationRequest, pipeline: ResolvedPipeline, max_chars: int | None = None, takes: Mapping[str, frozenset[str]] | None = None
+) -> OmniRequest:
     check_produces(pipeline, "image", "/v1/images/generations")
     check_prompt_size(len(body.prompt), max_chars, "prompt")
     if not 1 <= body.n <= 8:
         raise APIError(400, "n must be between 1 and 8", param="n")
+    if body.output_compression is not None and not 0 <= body.output_compression <= 100:
+        raise APIError(400, f"output_compression must be between 0 and 100, got {body.output_compression}", param="output_compression")
+    if body.background == "transparent":
+        raise APIError(400, "background 'transparent' is not supported: the images have no alpha channel ('auto' or 'opaque')", param="background")
     extra: dict[str, Any] = {"n": body.n}
-    if body.size:
+    if body.size and body.size.lower() != "auto":
         extra["size"] = parse_size(body.size)
     if body.seed is not None:
         extra["seed"] = body.seed
-    return OmniRequest(prompt=body.prompt, modalities=("image",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"img-{new_request_id()[4:]}")
+    drawing = drawing_params(pipeline, body, IMAGE_DRAWING_FIELDS, takes)
+    return OmniRequest(
+        prompt=body.prompt, modalities=("image",), params=stage_params(pipeline, {}, body.stage_params, drawing), extra=extra,
+        request_id=f"img-{new_request_id()[4:]}",
+    )
 
 
-def video_request(body: VideoRequest, pipeline: ResolvedPipeline, media: MediaAccess = MediaAccess(), max_chars: int | None = None) -> OmniRequest:
+def video_request(
+    body: VideoRequest, pipeline: ResolvedPipeline, media: MediaAccess = MediaAccess(), max_chars: int | None = None,
+    takes: Mapping[str, frozenset[str]] | None = None,
+) -> OmniRequest:
     """The request a video body makes. Blocking (an allowed media URL is read, `media`): call it
     in a thread."""
     check_produces(pipeline, "video", "/v1/videos")
@@ -253,7 +295,11 @@ def video_request(body: VideoRequest, pipeline: ResolvedPipeline, media: MediaAc
                 resolved[name] = data_url(value, media, f"references[{index}].{name}", param="references")
             references.append(resolved)
         extra["references"] = references
-    return OmniRequest(prompt=body.prompt, modalities=("video",), params=stage_params(pipeline, {}, body.stage_params), extra=extra, request_id=f"video_{new_request_id()[4:]}")
+    drawing = drawing_params(pipeline, body, VIDEO_DRAWING_FIELDS, takes)
+    return OmniRequest(
+        prompt=body.prompt, modalities=("video",), params=stage_params(pipeline, {}, body.stage_params, drawing), extra=extra,
+        request_id=f"video_{new_request_id()[4:]}",
+    )
 
 
 def parse_size(size: str) -> tuple[int, int]:

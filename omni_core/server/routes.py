@@ -17,7 +17,7 @@ from typing_extensions import Annotated
 
 from omni_core.engine.request import OmniRequest
 from omni_core.outputs import OutputDelta
-from omni_core.server.encoding import b64, encode_audio, encode_png, pcm16
+from omni_core.server.encoding import b64, encode_audio, encode_image, encode_png, image_size, pcm16
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.forms import FormRequest
 from omni_core.server.generation import Tracked
@@ -228,16 +228,18 @@ class ImagesController(Controller):
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars)
+        omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         result = await tracked.run_while_connected(request.receive)
-        return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(encode_png(image))) for image in result.images])
+        images = [encode_image(image, data.output_format, data.output_compression) for image in result.images]
+        size = image_size(result.images[0]) if result.images else None
+        return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(image)) for image in images], output_format=data.output_format, size=size)
 
 
 class _VideoForm(FormRequest):
     """``POST /v1/videos`` also as a form, as OpenAI's client sends it (`omni_core.server.forms`)."""
 
-    json_fields = frozenset({"seed", "stage_params", "references"})
+    json_fields = frozenset({"seed", "num_frames", "fps", "num_inference_steps", "guidance_scale", "stage_params", "references"})
 
 
 class VideosController(Controller):
@@ -247,7 +249,7 @@ class VideosController(Controller):
     @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job", request_class=_VideoForm)
     async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars)
+        omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars, server.engine.param_names)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         return server.videos.start(tracked, server.model_name, data.prompt, data.seconds, data.size)
 

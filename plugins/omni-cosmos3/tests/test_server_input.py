@@ -112,3 +112,40 @@ def test_chat_without_modalities_answers_with_the_image_the_images_route_draws(s
     )
     assert images.status_code == 200, images.text
     assert png == base64.b64decode(images.json()["data"][0]["b64_json"])
+
+
+def _post_image(server: LiveServer, **fields: Any) -> dict[str, Any]:
+    response = httpx.post(f"{server.url}/v1/images/generations", json={"model": MODEL, "prompt": "a red apple", "seed": 3, **fields}, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _decoded(b64_image: str) -> Any:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(base64.b64decode(b64_image)))
+
+
+def test_vllm_omni_diffusion_fields_and_openai_output_formats(server: LiveServer) -> None:
+    """vLLM-Omni's top-level ``num_inference_steps``/``guidance_scale``/``negative_prompt`` draw what the
+    same values in ``stage_params`` draw (which win per key); OpenAI's ``output_format`` gives JPEG and
+    WebP of the same image, and the answer names the format and the size."""
+    drawing = {"num_inference_steps": 2, "guidance_scale": 3.0, "negative_prompt": "blurry"}
+    staged = _post_image(server, stage_params={"generator": drawing})
+    top = _post_image(server, **drawing)
+    assert top["data"][0]["b64_json"] == staged["data"][0]["b64_json"]
+    default = _post_image(server, stage_params={"generator": {"num_inference_steps": 2}})
+    assert default["data"][0]["b64_json"] != staged["data"][0]["b64_json"]  # (the fields changed the image)
+    overridden = _post_image(server, **{**drawing, "num_inference_steps": 500}, stage_params={"generator": {"num_inference_steps": 2}})
+    assert overridden["data"][0]["b64_json"] == staged["data"][0]["b64_json"]
+
+    png = _decoded(staged["data"][0]["b64_json"])
+    assert (png.format, staged["output_format"], staged["size"]) == ("PNG", "png", f"{png.width}x{png.height}")
+    reference = np.asarray(png.convert("RGB"), dtype=np.float32)
+    for fmt, name in (("jpeg", "JPEG"), ("webp", "WEBP")):
+        answer = _post_image(server, **drawing, output_format=fmt, output_compression=0)
+        image = _decoded(answer["data"][0]["b64_json"])
+        assert (image.format, answer["output_format"], answer["size"]) == (name, fmt, staged["size"])
+        assert np.abs(np.asarray(image.convert("RGB"), dtype=np.float32) - reference).mean() < 12  # (lossy: the same picture)
+    refused = httpx.post(f"{server.url}/v1/images/generations", json={"model": MODEL, "prompt": "a cat", "background": "transparent"}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "background", refused.text

@@ -122,11 +122,17 @@ def test_an_image_in_the_message_runs_i2t(client: openai.OpenAI, server: LiveSer
 
 def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveServer) -> None:
     body = {"model": MODEL, "prompt": "a red apple", "size": "48x80", "seed": 1, "stage_params": {"dit": {"num_inference_steps": 2}}}
-    response = httpx.post(f"{server.url}/v1/images/generations", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    assert _image("data:image/png;base64," + response.json()["data"][0]["b64_json"]).shape == (80, 48, 3)
+    first = httpx.post(f"{server.url}/v1/images/generations", json=body, timeout=120).json()
+    assert _image("data:image/png;base64," + first["data"][0]["b64_json"]).shape == (80, 48, 3), first
+    assert first["size"] == "48x80"
     response = httpx.post(f"{server.url}/v1/images/generations", json={**body, "size": "50x50"}, timeout=120)
     assert response.status_code == 400 and "nearest: 64x64" in response.json()["error"]["message"]
+    # vLLM-Omni's top-level diffusion fields: the dit's own, or a 400 naming the one it does not take.
+    top = {"model": MODEL, "prompt": "a red apple", "size": "48x80", "seed": 1, "num_inference_steps": 2}
+    response = httpx.post(f"{server.url}/v1/images/generations", json=top, timeout=120)
+    assert response.status_code == 200 and response.json()["data"] == first["data"], response.text
+    response = httpx.post(f"{server.url}/v1/images/generations", json={**top, "negative_prompt": "blurry"}, timeout=120)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "negative_prompt", response.text
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,7 @@ def test_videos_route_serves_an_mp4_with_sound(server: LiveServer, frames: dict)
 
 def test_openai_client_creates_polls_and_downloads_a_video(server: LiveServer, tmp_path: Path) -> None:
     """OpenAI's own client: `videos.create` posts a form (the first frame as a file upload, what
-    `extra_body` adds as bracketed fields), then poll, download, list and delete."""
+    `extra_body` adds as form fields), then poll, download, list and delete."""
     import warnings
 
     import openai
@@ -103,7 +103,7 @@ def test_openai_client_creates_polls_and_downloads_a_video(server: LiveServer, t
         with frame.open("rb") as upload:
             job = client.videos.create(
                 model=MODEL, prompt="a kite in the wind", size="32x32", input_reference=upload,  # type: ignore[arg-type]
-                extra_body={"seed": 2, "stage_params": {"dit": {"num_inference_steps": 2}}},
+                extra_body={"seed": 2, "num_inference_steps": 2},  # (vLLM-Omni's field: the dit's parameter)
             )
         done = client.videos.poll(job.id, poll_interval_ms=200)
         assert (done.status, done.progress, done.size, done.seconds) == ("completed", 100, "32x32", "5.167")
@@ -112,6 +112,8 @@ def test_openai_client_creates_polls_and_downloads_a_video(server: LiveServer, t
         assert client.videos.delete(job.id).deleted
         with pytest.raises(openai.BadRequestError, match="multiples of 32"):
             client.videos.create(model=MODEL, prompt="a kite", size="33x32")  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError, match="num_inference_steps counts"):  # (the form field reaches the dit)
+            client.videos.create(model=MODEL, prompt="a kite", size="32x32", extra_body={"num_inference_steps": 1})  # type: ignore[arg-type]
 
 
 def _cancelled(server: LiveServer) -> float:
