@@ -528,6 +528,10 @@ ERROR_CASES: dict[str, tuple[Callable[[ServedModel], Any], int, str | None]] = {
     "response-format-yaml": (lambda s: {"model": s.model, "messages": [_MSG], "response_format": {"type": "yaml"}}, 400, None),
     "response-format-bad-schema": (lambda s: {"model": s.model, "messages": [_MSG], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, 400, None),
     "tools": (lambda s: {"model": s.model, "messages": [_MSG], "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, None),
+    # vLLM fields Omni does not implement, likewise
+    "beam-search": (lambda s: {"model": s.model, "messages": [_MSG], "use_beam_search": True}, 400, None),
+    "chat-template-kwargs": (lambda s: {"model": s.model, "messages": [_MSG], "chat_template_kwargs": {"enable_thinking": False}}, 400, None),
+    "two-structured-outputs": (lambda s: {"model": s.model, "messages": [_MSG], "response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}}, 400, None),
     "logit-bias-not-numbers": (lambda s: {"model": s.model, "messages": [_MSG], "logit_bias": {"1": "high"}}, 400, None),
     "max-tokens-0": (lambda s: {"model": s.model, "messages": [_MSG], "max_tokens": 0}, 400, None),
     "unknown-modality": (lambda s: {"model": s.model, "messages": [_MSG], "modalities": ["smell"]}, 400, None),
@@ -585,6 +589,23 @@ def test_mm_processor_kwargs_reach_the_model_family(inline_server: LiveServer, s
     assert with_kwargs.json()["choices"][0]["message"]["content"] == plain.json()["choices"][0]["message"]["content"]
     error = _assert_error_body(httpx.post(url, json=_chat_body(served, mm_processor_kwargs=invalid), timeout=120), 400)
     assert error["param"] == "mm_processor_kwargs" and error["type"] == "invalid_request_error"
+
+
+def test_vllm_sampling_fields_reach_the_text_stage(inline_server: LiveServer, served: ServedModel) -> None:
+    """vLLM's extra sampling fields, top-level as its chat completions take them, reach the text stage
+    (`allowed_token_ids` forces the tokens, `structured_outputs` the answer); a field no route reads
+    is served, and logged once."""
+    url = f"{inline_server.url}/v1/chat/completions"
+    body = _chat_body(served, modalities=["text"], logprobs=True)
+    forced = httpx.post(url, json={**body, "allowed_token_ids": [50], "min_tokens": MAX_TOKENS, "ignore_eos": True}, timeout=120)
+    assert forced.status_code == 200, forced.text
+    tokens = [t["token"] for t in forced.json()["choices"][0]["logprobs"]["content"]]
+    assert len(tokens) == MAX_TOKENS and len(set(tokens)) == 1, tokens
+    chosen = httpx.post(url, json={**body, "structured_outputs": {"choice": ["yes", "no"]}}, timeout=120)
+    assert chosen.status_code == 200 and chosen.json()["choices"][0]["message"]["content"] in ("yes", "no"), chosen.text
+    for _ in range(2):
+        assert httpx.post(url, json={**body, "omni_unknown_field": 1}, timeout=120).status_code == 200
+    assert inline_server.log_path.read_text(errors="replace").count("omni_unknown_field ignored") == 1
 
 
 def test_openai_client_sees_typed_errors(inline_server: LiveServer, served: ServedModel) -> None:

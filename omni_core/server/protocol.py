@@ -97,12 +97,31 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     sampling_params_list: list[Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    # OpenAI fields Omni does not implement: read so that a request setting one is refused (400)
-    # rather than answered as if it had not asked (`omni_core.server.requests.UNSUPPORTED_CHAT_FIELDS`).
+    # vLLM's extra sampling fields (its chat completions take them top-level too): the first AR stage's.
+    min_p: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    # OpenAI's and vLLM's fields Omni does not implement: read so that a request setting one is
+    # refused (400) rather than answered as if it had not asked (`UNSUPPORTED_CHAT_FIELDS`).
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
+    use_beam_search: bool | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
 
 
 class SpeechRequest(msgspec.Struct, kw_only=True):

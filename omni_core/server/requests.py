@@ -22,9 +22,12 @@ from omni_core.engine.sampling_params_list import stage_params_from_list
 IMAGE_DRAWING_FIELDS = ("num_inference_steps", "guidance_scale", "negative_prompt")
 VIDEO_DRAWING_FIELDS = (*IMAGE_DRAWING_FIELDS, "num_frames", "fps")
 
-# OpenAI sampling fields that go to the pipeline's first AR stage under the same names.
+# OpenAI's sampling fields, and vLLM's extra ones, that go to the pipeline's first AR stage under
+# the same names (vLLM's `SamplingParams`).
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "seed", "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+    "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+    "spaces_between_special_tokens", "allowed_token_ids", "bad_words",
 )
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (and vLLM's default max_logprobs)
@@ -36,6 +39,15 @@ UNSUPPORTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
+    # vLLM's
+    "use_beam_search": (None, False),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "continue_final_message": (None, False),
+    "add_generation_prompt": (None, True),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "prompt_logprobs": (None,),
 }
 
 # A prompt's text is refused before it is tokenized when it is longer than this many characters per
@@ -181,7 +193,11 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
     if body.response_format is not None:
         structured = structured_outputs(body.response_format)
         if structured is not None:
+            if body.structured_outputs is not None:
+                raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
             sampling["structured_outputs"] = structured
+    if body.structured_outputs is not None:  # vLLM's own form (json, regex, choice, grammar, ...)
+        sampling["structured_outputs"] = body.structured_outputs
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is not None:
         if max_tokens < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import Any, AsyncIterator, Literal
@@ -46,10 +47,16 @@ from omni_core.server.protocol import (
 from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
 from omni_core.server.state import ServerState
 
+logger = logging.getLogger(__name__)
 
-async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any) -> OmniRequest:
+
+async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, request: Request | None = None) -> OmniRequest:
     """``build(data, pipeline, *args)``, then its media stage parameters inlined
-    (`inline_media_params`): in a thread, as an allowed media URL is read or fetched there."""
+    (`inline_media_params`): in a thread, as an allowed media URL is read or fetched there.
+    With the HTTP `request`, the fields of its JSON body that `data`'s type does not read are logged
+    (once a field: as vLLM does, they are ignored; OpenAI's clients add fields of their own)."""
+    if request is not None and request.content_type[0] == "application/json":
+        _note_ignored_fields(server, await request.body(), type(data), request.url.path)
 
     def run() -> OmniRequest:
         omni_request: OmniRequest = build(data, server.engine.pipeline, *args)
@@ -57,6 +64,17 @@ async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any) 
         return omni_request
 
     return await asyncio.to_thread(run)
+
+
+def _note_ignored_fields(server: ServerState, body: bytes, body_type: type, path: str) -> None:
+    try:
+        fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # (the keys only: values stay raw)
+    except msgspec.DecodeError:
+        return
+    ignored = sorted(set(fields) - set(body_type.__struct_fields__) - server.ignored_fields)
+    if ignored:
+        server.ignored_fields.update(ignored)
+        logger.warning("%s: request field%s %s ignored: not part of Omni's API (said once a field)", path, "s" * (len(ignored) > 1), ", ".join(ignored))
 
 
 # Every error leaves as an OpenAI error body (see errors.py): document that, not Litestar's own shape.
@@ -98,7 +116,7 @@ class ChatController(Controller):
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
     async def create(self, data: Annotated[ChatCompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = await _omni_request(server, chat_request, data, server.media, server.max_prompt_chars)
+        omni_request = await _omni_request(server, chat_request, data, server.media, server.max_prompt_chars, request=request)
         audio_format = data.audio.format if data.audio else "wav"
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream:
@@ -199,7 +217,7 @@ class AudioController(Controller):
     @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
     async def speech(self, data: Annotated[SpeechRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = await _omni_request(server, speech_request, data, server.max_prompt_chars)
+        omni_request = await _omni_request(server, speech_request, data, server.max_prompt_chars, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream_format == "sse":
             return ServerSentEvent(_speech_events(tracked, await tracked.open_stream()))
@@ -228,7 +246,7 @@ class ImagesController(Controller):
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names)
+        omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         result = await tracked.run_while_connected(request.receive)
         images = [encode_image(image, data.output_format, data.output_compression) for image in result.images]
@@ -247,9 +265,9 @@ class VideosController(Controller):
     tags = ["videos"]
 
     @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job", request_class=_VideoForm)
-    async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState) -> VideoJob:
+    async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState, request: Request) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
-        omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars, server.engine.param_names)
+        omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars, server.engine.param_names, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         return server.videos.start(tracked, server.model_name, data.prompt, data.seconds, data.size)
 

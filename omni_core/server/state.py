@@ -26,3 +26,4 @@ class ServerState:
     media: MediaAccess = attrs.field(factory=MediaAccess)
     max_prompt_chars: int | None = None
     created: int = attrs.field(factory=lambda: int(time.time()))
+    ignored_fields: set[str] = attrs.field(factory=set)  # request fields no route reads, logged once each
