@@ -12,7 +12,9 @@ For each family, on its tiny checkpoint with the default deploy (a worker proces
    each failed request's error and to the stage serving a request again are measured.
 
 - ``qwen3-omni``: 64 concurrent streaming text + audio chat requests, 30 min by default;
-- ``cosmos3``: 8 concurrent image requests, 20 min by default.
+- ``cosmos3``: 8 concurrent image requests, 20 min by default;
+- ``hunyuan-image3``: 8 concurrent requests of its three paths mixed (t2i, t2t, think_t2i with the
+  dit reusing the ar stage's keys/values; both stages on one loaded model, in one process), 20 min.
 
 Writes a markdown table to ``bench/results/soak-<date>.md`` (``soak-<date>-short.md`` when a
 family ran for less than its default time) and exits non-zero on any error, mismatch, or RSS
@@ -67,6 +69,9 @@ class Family:
     kill_stage: str
     # (client, prompt index, reference or None) -> (result, problem or None); reference None: record it.
     request: Callable[[httpx.AsyncClient, int, Any], Awaitable[tuple[Any, str | None]]]
+    # What the kill section keeps in the stage (default: `request`): one that runs long enough in
+    # `kill_stage` that all of them are there at once.
+    kill_request: Callable[[httpx.AsyncClient, int, Any], Awaitable[tuple[Any, str | None]]] | None = None
 
 
 # -- Qwen3-Omni: streaming chat, text + audio ------------------------------------------------------
@@ -90,9 +95,21 @@ async def qwen_request(client: httpx.AsyncClient, k: int, reference: StreamResul
 COSMOS_FIELDS: dict[str, Any] = {"size": "32x32", "stage_params": {"generator": {"num_inference_steps": 4}}}
 
 
-async def cosmos_request(client: httpx.AsyncClient, k: int, reference: np.ndarray | None) -> tuple[np.ndarray | None, str | None]:
+def _pixels(b64_png: str) -> np.ndarray:
     from PIL import Image
 
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64_png))), dtype=np.int16)
+
+
+def _image_problem(image: np.ndarray, reference: np.ndarray) -> str | None:
+    if image.shape != reference.shape:
+        return f"image {image.shape} != alone {reference.shape}"
+    # Batched and alone forwards may round differently in float32: one 8-bit step at most.
+    diff = int(np.abs(image - reference).max())
+    return None if diff <= 1 else f"pixels differ from alone by up to {diff}"
+
+
+async def cosmos_request(client: httpx.AsyncClient, k: int, reference: np.ndarray | None) -> tuple[np.ndarray | None, str | None]:
     body = {"model": "omni-tiny/cosmos3", "prompt": PROMPTS[k], "seed": k, **COSMOS_FIELDS}
     try:
         response = await client.post("/v1/images/generations", json=body)
@@ -100,19 +117,74 @@ async def cosmos_request(client: httpx.AsyncClient, k: int, reference: np.ndarra
         return None, f"{type(exc).__name__}: {exc}"
     if response.status_code != 200:
         return None, f"HTTP {response.status_code}: {response.text[:300]}"
-    image = np.asarray(Image.open(io.BytesIO(base64.b64decode(response.json()["data"][0]["b64_json"]))), dtype=np.int16)
+    image = _pixels(response.json()["data"][0]["b64_json"])
+    return image, None if reference is None else _image_problem(image, reference)
+
+
+# -- HunyuanImage-3.0: the three paths mixed (t2i on the dit alone, t2t on the ar alone, think_t2i
+# through both, the dit reusing the ar stage's keys/values), one model loaded in one process -------
+
+HUNYUAN = "omni-tiny/hunyuan-image3"
+HUNYUAN_TASKS = ("t2i", "t2t", "think_t2i")
+
+
+async def hunyuan_request(client: httpx.AsyncClient, k: int, reference: tuple[str | None, np.ndarray | None] | None) -> tuple[Any, str | None]:
+    task = HUNYUAN_TASKS[k % len(HUNYUAN_TASKS)]
+    messages = [{"role": "user", "content": PROMPTS[k]}]
+    if task == "t2i":
+        route, body = "/v1/images/generations", {"model": HUNYUAN, "prompt": PROMPTS[k], "seed": k, "size": "48x80", "num_inference_steps": 2}
+    elif task == "t2t":
+        route, body = "/v1/chat/completions", {"model": HUNYUAN, "messages": messages, "modalities": ["text"], "max_tokens": 16}
+    else:
+        route, body = "/v1/chat/completions", {
+            "model": HUNYUAN, "messages": messages, "modalities": ["text", "image"], "max_tokens": 16,
+            "stage_params": {"dit": {"seed": k, "num_inference_steps": 2}},
+        }
+    try:
+        response = await client.post(route, json=body)
+    except httpx.HTTPError as exc:
+        return None, f"{task}: {type(exc).__name__}: {exc}"
+    if response.status_code != 200:
+        return None, f"{task}: HTTP {response.status_code}: {response.text[:300]}"
+    answer = response.json()
+    text: str | None = None
+    image: np.ndarray | None = None
+    if task == "t2i":
+        image = _pixels(answer["data"][0]["b64_json"])
+    elif task == "t2t":
+        text = answer["choices"][0]["message"]["content"]
+    else:
+        parts = answer["choices"][0]["message"]["content"]
+        text = "".join(p["text"] for p in parts if p["type"] == "text")
+        urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        if len(urls) != 1:
+            return (text, None), f"{task}: {len(urls)} images in the answer"
+        image = _pixels(urls[0].split(",", 1)[1])
     if reference is None:
-        return image, None
-    if image.shape != reference.shape:
-        return image, f"image {image.shape} != alone {reference.shape}"
-    # Batched and alone forwards may round differently in float32: one 8-bit step at most.
-    diff = int(np.abs(image - reference).max())
-    return image, None if diff <= 1 else f"pixels differ from alone by up to {diff}"
+        return (text, image), None
+    if text != reference[0]:
+        return (text, image), f"{task}: text {text!r} != alone {reference[0]!r}"
+    problem = None if image is None else _image_problem(image, reference[1])
+    return (text, image), None if problem is None else f"{task}: {problem}"
+
+
+async def hunyuan_long_request(client: httpx.AsyncClient, k: int, reference: Any) -> tuple[Any, str | None]:
+    """think_t2i with a long reasoning and many steps (seconds in the ar stage): the kill section's."""
+    body = {
+        "model": HUNYUAN, "messages": [{"role": "user", "content": PROMPTS[k]}], "modalities": ["text", "image"], "max_tokens": 1000,
+        "min_tokens": 1000, "stage_params": {"dit": {"seed": k, "num_inference_steps": 50}},
+    }
+    try:
+        response = await client.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return response, None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:300]}"
 
 
 FAMILIES = {
     "qwen3-omni": Family("qwen3-omni", "omni-tiny/qwen3-omni", 64, 30.0, "thinker", qwen_request),
     "cosmos3": Family("cosmos3", "omni-tiny/cosmos3", 8, 20.0, "generator", cosmos_request),
+    "hunyuan-image3": Family("hunyuan-image3", HUNYUAN, 8, 20.0, "ar", hunyuan_request, hunyuan_long_request),
 }
 
 
@@ -122,10 +194,12 @@ FAMILIES = {
 def process_names(server: LiveServer) -> dict[int, str]:
     """pid -> a label: ``server``, ``stage <name>/<replica>`` (and its allocator), or the helper's command."""
     names = {server.process.pid: "server"}
+    stages: dict[int, list[str]] = {}  # (stages sharing a model share a process)
     for replica in httpx.get(f"{server.url}/health", timeout=30).json()["replicas"]:
         if "pid" in replica:
             allocator = f", {replica['allocator']}" if "allocator" in replica else ""
-            names[replica["pid"]] = f"stage {replica['stage']}/{replica['replica']}{allocator}"
+            stages.setdefault(replica["pid"], []).append(f"{replica['stage']}/{replica['replica']}")
+            names[replica["pid"]] = f"stage {' + '.join(stages[replica['pid']])}{allocator}"
     for proc in server.children():
         if proc.pid not in names:
             try:
@@ -193,7 +267,8 @@ async def kill_section(family: Family, server: LiveServer, references: list[Any]
     """SIGKILL the family's stage with `in_flight` requests running in it: seconds to each error, to
     /health 200, and to the first request answered correctly again."""
     async with httpx.AsyncClient(base_url=server.url, timeout=httpx.Timeout(300.0)) as client:
-        running = [asyncio.ensure_future(_timed(family.request(client, k % len(PROMPTS), references[k % len(PROMPTS)]))) for k in range(in_flight)]
+        make = family.kill_request or family.request
+        running = [asyncio.ensure_future(_timed(make(client, k % len(PROMPTS), references[k % len(PROMPTS)]))) for k in range(in_flight)]
         started = time.monotonic()
         while True:
             replicas = (await client.get("/health")).json()["replicas"]
@@ -298,8 +373,8 @@ def report(family: Family, minutes: float, warmup: float, outcome: dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
-    parser.add_argument("--minutes", type=float, default=None, help="soak length (default: 30 for qwen3-omni, 20 for cosmos3)")
-    parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default: 64 for qwen3-omni, 8 for cosmos3)")
+    parser.add_argument("--minutes", type=float, default=None, help="soak length (default: 30 for qwen3-omni, 20 for the others)")
+    parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default: 64 for qwen3-omni, 8 for the others)")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the first RSS sample")
     parser.add_argument("--no-kill", dest="kill", action="store_false", help="skip the SIGKILL timings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
