@@ -7,14 +7,16 @@ For each family, on its tiny checkpoint with the default deploy (a worker proces
    and of every stage process is sampled;
 3. soak: N clients send requests back to back, each renewed as it finishes, for ``--minutes``;
    every answer is compared with its prompt's reference (text, usage and audio for Qwen3-Omni
-   streaming chat; the decoded pixels for Cosmos3 images); RSS is sampled again once it drains;
+   streaming chat; the decoded pixels of images; the text of HunyuanImage-3.0's answers; the decoded
+   frames and sound of MiniMax-H3's MP4s); RSS is sampled again once it drains;
 4. kill: a few requests are started, the stage process is SIGKILLed, and the times from the kill to
    each failed request's error and to the stage serving a request again are measured.
 
 - ``qwen3-omni``: 64 concurrent streaming text + audio chat requests, 30 min by default;
 - ``cosmos3``: 8 concurrent image requests, 20 min by default;
 - ``hunyuan-image3``: 8 concurrent requests of its three paths mixed (t2i, t2t, think_t2i with the
-  dit reusing the ar stage's keys/values; both stages on one loaded model, in one process), 20 min.
+  dit reusing the ar stage's keys/values; both stages on one loaded model, in one process), 20 min;
+- ``minimax-h3``: 4 concurrent video jobs (create, poll, download the MP4), 20 min.
 
 Writes a markdown table to ``bench/results/soak-<date>.md`` (``soak-<date>-short.md`` when a
 family ran for less than its default time) and exits non-zero on any error, mismatch, or RSS
@@ -181,10 +183,67 @@ async def hunyuan_long_request(client: httpx.AsyncClient, k: int, reference: Any
     return response, None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:300]}"
 
 
+# -- MiniMax-H3: video jobs (OpenAI's Videos API: create, poll, download) --------------------------
+
+MINIMAX = "omni-tiny/minimax-h3"
+
+
+def _mp4_streams(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The decoded frames (int16 ``[T, H, W, 3]``) and sound (float32 ``[channels, N]``) of an MP4."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]).astype(np.int16)
+    with av.open(io.BytesIO(data)) as container:
+        sound = np.concatenate([frame.to_ndarray() for frame in container.decode(audio=0)], axis=-1).astype(np.float32)
+    return frames, sound
+
+
+async def minimax_video(client: httpx.AsyncClient, k: int, steps: int) -> tuple[bytes | None, str | None]:
+    body = {"model": MINIMAX, "prompt": PROMPTS[k], "seconds": "5", "size": "32x32", "seed": k, "num_inference_steps": steps}
+    try:
+        created = await client.post("/v1/videos", json=body)
+        if created.status_code != 200:
+            return None, f"HTTP {created.status_code}: {created.text[:300]}"
+        video_id = created.json()["id"]
+        deadline = time.monotonic() + 600
+        while (job := (await client.get(f"/v1/videos/{video_id}")).json())["status"] == "in_progress":
+            if time.monotonic() > deadline:
+                return None, f"job {video_id} still in progress after 600 s"
+            await asyncio.sleep(0.05)
+        if job["status"] != "completed":
+            return None, f"job {job['status']}: {job.get('error')}"
+        content = await client.get(f"/v1/videos/{video_id}/content")
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return (content.content, None) if content.status_code == 200 else (None, f"content: HTTP {content.status_code}")
+
+
+async def minimax_request(client: httpx.AsyncClient, k: int, reference: tuple[np.ndarray, np.ndarray] | None) -> tuple[Any, str | None]:
+    data, problem = await minimax_video(client, k, 2)
+    if data is None:
+        return None, problem
+    frames, sound = _mp4_streams(data)
+    if reference is None:
+        return (frames, sound), None
+    if frames.shape != reference[0].shape or sound.shape != reference[1].shape:
+        return (frames, sound), f"video {frames.shape} / sound {sound.shape} != alone {reference[0].shape} / {reference[1].shape}"
+    # Batched and alone may round differently in float32, which H.264 and AAC can spread a little.
+    frame_diff = float(np.abs(frames - reference[0]).mean())
+    sound_diff = float(np.abs(sound - reference[1]).max())
+    return (frames, sound), None if frame_diff <= 1.0 and sound_diff <= 1e-2 else f"mean pixel diff {frame_diff:.2f}, max sound diff {sound_diff:.2g} from alone"
+
+
+async def minimax_long_request(client: httpx.AsyncClient, k: int, reference: Any) -> tuple[Any, str | None]:
+    """A job of 1,000 steps (seconds in the dit stage): the kill section's."""
+    return await minimax_video(client, k, 1000)
+
+
 FAMILIES = {
     "qwen3-omni": Family("qwen3-omni", "omni-tiny/qwen3-omni", 64, 30.0, "thinker", qwen_request),
     "cosmos3": Family("cosmos3", "omni-tiny/cosmos3", 8, 20.0, "generator", cosmos_request),
     "hunyuan-image3": Family("hunyuan-image3", HUNYUAN, 8, 20.0, "ar", hunyuan_request, hunyuan_long_request),
+    "minimax-h3": Family("minimax-h3", MINIMAX, 4, 20.0, "dit", minimax_request, minimax_long_request),
 }
 
 
@@ -374,7 +433,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
     parser.add_argument("--minutes", type=float, default=None, help="soak length (default: 30 for qwen3-omni, 20 for the others)")
-    parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default: 64 for qwen3-omni, 8 for the others)")
+    parser.add_argument("--clients", type=int, default=None, help="concurrent clients (default: 64 for qwen3-omni, 4 for minimax-h3, 8 for the others)")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the first RSS sample")
     parser.add_argument("--no-kill", dest="kill", action="store_false", help="skip the SIGKILL timings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
