@@ -55,10 +55,11 @@ async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, 
     (`inline_media_params`): in a thread, as an allowed media URL is read or fetched there.
     With the HTTP `request`, the fields of its JSON body that `data`'s type does not read are logged
     (once a field: as vLLM does, they are ignored; OpenAI's clients add fields of their own)."""
-    if request is not None and request.content_type[0] == "application/json":
-        _note_ignored_fields(server, await request.body(), type(data), request.url.path)
+    body = await request.body() if request is not None and request.content_type[0] == "application/json" else None
 
     def run() -> OmniRequest:
+        if body is not None:  # (here: scanning a large body's keys takes milliseconds)
+            _note_ignored_fields(server, body, type(data), request.url.path)
         omni_request: OmniRequest = build(data, server.engine.pipeline, *args)
         inline_media_params(omni_request.params, server.engine.media_params, server.media)
         return omni_request
