@@ -28,7 +28,6 @@ def quantize_layers(model: HunyuanImage3, spec: dict[str, Any]) -> int:
     """Quantize `model`'s decoder layers as the resolved `spec` says (``{"method": ..., "min_features": ...}``,
     `omni_core.quantization`); returns how many linears and stacked projections were replaced.
     A method the core does not know, or ``fp8`` without an FP8 GPU, is its `ConfigError`."""
-
     layers = model.model.layers
     replaced = quantize_linears(layers, spec, skip=lambda name: name.endswith(".mlp.gate.wg"))
     for layer in layers:
