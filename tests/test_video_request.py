@@ -3,13 +3,19 @@ reference fields, data URLs only; vLLM-Omni's diffusion fields; OpenAI's image f
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
 
+from omni_core.engine.request import OmniRequest
+from omni_core.engine.result import OmniResult
 from omni_core.server.errors import APIError
+from omni_core.server.generation import Tracked
+from omni_core.server.metrics import ServerMetrics
 from omni_core.server.protocol import ImageGenerationRequest, VideoRequest
 from omni_core.server.requests import image_request, video_request
+from omni_core.server.videos import VideoJobs
 
 PIPELINE = SimpleNamespace(modalities=("video", "audio"), stages=())
 PNG = "data:image/png;base64,iVBORw0KGgo="
@@ -83,3 +89,35 @@ def test_image_size_auto_is_the_models_choice() -> None:
     auto = image_request(ImageGenerationRequest(model="m", prompt="a cat", size="auto", background="opaque", quality="high"), DRAWING)  # type: ignore[arg-type]
     assert "size" not in auto.extra
     assert image_request(ImageGenerationRequest(model="m", prompt="a cat", size="64x32"), DRAWING).extra["size"] == (64, 32)  # type: ignore[arg-type]
+
+
+async def test_video_jobs_drop_finished_jobs_behind_one_still_running() -> None:
+    """Past `max_jobs` the oldest finished jobs go, even behind an older job that still runs."""
+    release = asyncio.Event()
+    metrics = ServerMetrics("m", lambda: 0)
+
+    async def stream(wait: bool):
+        if wait:
+            await release.wait()
+        return
+        yield  # (an async generator with no deltas: the job fails, "no video")
+
+    def tracked(request_id: str, wait: bool = False) -> Tracked:
+        request = OmniRequest(prompt="p", request_id=request_id)
+        return Tracked(request, stream(wait), metrics, OmniResult(request_id))
+
+    jobs = VideoJobs(max_jobs=2)
+    jobs.start(tracked("long", wait=True), "m", "p")
+    jobs.start(tracked("a"), "m", "p")
+    await asyncio.sleep(0.01)
+    assert [jobs.job(name).status for name in ("long", "a")] == ["in_progress", "failed"]
+    jobs.start(tracked("b"), "m", "p")
+    assert list(jobs.entries) == ["long", "b"]  # a dropped, the older running one kept
+    with pytest.raises(APIError, match="no video job 'a'"):
+        jobs.job("a")
+    jobs.start(tracked("c"), "m", "p")  # b still running: three jobs until one finishes
+    assert list(jobs.entries) == ["long", "b", "c"]
+    release.set()
+    await asyncio.sleep(0.01)
+    assert jobs.job("long").status == "failed"
+    jobs.shutdown()

@@ -26,7 +26,7 @@ class _Entry:
 
 
 class VideoJobs:
-    """The server's video jobs; keeps the newest `max_jobs` (older finished ones are dropped)."""
+    """The server's video jobs: beyond `max_jobs`, the oldest finished ones are dropped (never a running one)."""
 
     def __init__(self, max_jobs: int = 64) -> None:
         self.max_jobs = max_jobs
@@ -40,12 +40,18 @@ class VideoJobs:
         entry = _Entry(job)
         entry.task = asyncio.create_task(self._run(entry, tracked))
         self.entries[job.id] = entry
-        while len(self.entries) > self.max_jobs:
-            oldest = next(iter(self.entries.values()))
-            if oldest.task is not None and not oldest.task.done():
-                break
-            self.entries.popitem(last=False)
+        self._evict()
         return job
+
+    def _evict(self) -> None:
+        """Drop the oldest finished jobs beyond `max_jobs`; running ones stay (however old), so one job
+        that runs long does not keep the finished ones behind it."""
+        excess = len(self.entries) - self.max_jobs
+        if excess <= 0:
+            return
+        finished = [key for key, entry in self.entries.items() if entry.task is None or entry.task.done()]
+        for key in finished[:excess]:
+            del self.entries[key]
 
     async def _run(self, entry: _Entry, tracked: Tracked) -> None:
         try:

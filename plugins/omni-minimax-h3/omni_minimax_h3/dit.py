@@ -38,7 +38,7 @@ from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, Lo
 from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_heads
 from omni_minimax_h3.loading import LOAD_LOCK
 from omni_minimax_h3.packed import EAGER, BlockKernels, CacheRow, PackedInput, forward_packed, use_segmented_attention
-from omni_minimax_h3.requests import MAX_STEPS, Geometry, Request, parse_request
+from omni_minimax_h3.requests import MAX_STEPS, USER_PARAMS, Geometry, Request, parse_request
 
 DIFFUSERS_REQUIREMENT = "diffusers>=0.40,<0.43"
 TRANSFORMERS = ("transformer", "transformer_ref")
@@ -68,6 +68,7 @@ class MiniMaxH3DiT(DiffusionModel):
     max_steps = MAX_STEPS
     load_options = frozenset({"quantization", "compile", "vae_tiling"})  # (no CUDA graphs: the step's row count varies)
     parallel_modes = frozenset({"ulysses"})
+    request_params = USER_PARAMS  # (the engine refuses any other a request sets, before the encoder runs)
 
     def __init__(self, context: PartContext) -> None:
         super().__init__(context)

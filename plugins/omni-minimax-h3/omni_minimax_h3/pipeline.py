@@ -145,16 +145,11 @@ class MiniMaxH3InputProcessor(InputProcessor):
         return out
 
 
-DIT_PARAMS = ("seed", "size", "num_frames", "seconds", "num_inference_steps", "cache")
-
-
 def _check_dit_params(params: dict[str, Any]) -> None:
-    """The dit stage's parameters a user may set, and a valid ``cache``: refused here, before the encoder runs."""
+    """A valid ``cache``, refused here before the encoder runs (the engine refused unknown names:
+    `MiniMaxH3DiT.request_params`)."""
     from omni_core.stages.diffusion_cache import CacheConfig, resolve_cache
 
-    unknown = sorted(set(params) - set(DIT_PARAMS))
-    if unknown:
-        raise InvalidRequestError(f"unknown MiniMax-H3 dit parameters {unknown}; known: {list(DIT_PARAMS)}", param=unknown[0])
     resolve_cache(CacheConfig(), params.get("cache"))
 
 

@@ -27,6 +27,9 @@ from omni_core.errors import InvalidRequestError
 
 DEFAULT_STEPS = 50
 MAX_STEPS = 1000
+# The dit stage's per-request parameters a user sets (its runtime adds ``cache``); the input processor
+# hands the dit more of its own (the presentation's token tags, keyframes, references).
+USER_PARAMS = frozenset({"seed", "size", "num_frames", "seconds", "num_inference_steps"})
 
 
 @attrs.frozen

@@ -188,6 +188,9 @@ def test_videos_route_takes_references(server: LiveServer) -> None:
         ({"last_frame": "/etc/passwd"}, "last_frame", "data URL"),
         ({"references": [{"type": "image", "image": "https://example.com/a.png"}]}, "references", "data URLs"),
         ({"references": [{"type": "audio", "audio": "data:audio/wav;base64,AAAA"}]}, "references", "cannot decode"),
+        # the engine, from the dit's declared parameters, before the encoder runs
+        ({"stage_params": {"dit": {"temperature": 0.5}}}, "stage_params.dit.temperature", "it takes: cache, num_frames, num_inference_steps, seconds, seed, size"),
+        ({"guidance_scale": 5.0}, "guidance_scale", "'dit' stage does not take it"),
     ],
 )
 def test_videos_route_refuses_bad_requests_with_400(server: LiveServer, body: dict, param: str, says: str) -> None:
