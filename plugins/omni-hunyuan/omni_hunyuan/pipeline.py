@@ -133,9 +133,9 @@ class HunyuanInputProcessor(InputProcessor):
                 'with "modalities": ["text"] the image is read (i2t)', param="messages",
             )
         asked = request.params.get(AR_STAGE, {})
-        if asked.get("structured_outputs") is not None:  # (chat's response_format: a JSON answer)
+        if asked.get("structured_outputs") is not None:  # (chat's response_format, or vLLM's own field)
             raise InvalidRequestError(
-                f"response_format applies to the text tasks t2t and i2t; task {request.task!r} draws an image "
+                f"response_format and structured_outputs apply to the text tasks t2t and i2t; task {request.task!r} draws an image "
                 "(and its reasoning must end in the ratio step)", param="response_format",
             )
         if request.task == "t2i":

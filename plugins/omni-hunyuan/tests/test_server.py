@@ -142,7 +142,8 @@ def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveSer
         ({"task": "t2t", "modalities": ["image"]}, "task 't2t' does not produce image"),
         ({"task": "i2t"}, "task 'i2t' needs an image"),
         # A JSON answer (response_format) is the text tasks' only.
-        ({"modalities": ["image"], "response_format": {"type": "json_object"}}, "response_format applies to the text tasks t2t and i2t"),
+        ({"modalities": ["image"], "response_format": {"type": "json_object"}}, "response_format and structured_outputs apply to the text tasks t2t and i2t"),
+        ({"modalities": ["image"], "structured_outputs": {"choice": ["a", "b"]}}, "response_format and structured_outputs apply"),
         ({"modalities": ["text", "image"], "response_format": {"type": "json_object"}}, "task 'think_t2i' draws an image"),
     ],
 )
