@@ -162,6 +162,14 @@ def record(state: CacheState | None, branch: int, signal: torch.Tensor, residual
         state.skipped_steps += 1
 
 
+def device_rows(index: list[int], device: Any) -> torch.Tensor:
+    """Row numbers as an index on `device`. Indexing with the list itself copies it there and waits
+    for everything queued on the device (a stall each step); this copy is queued instead."""
+    import torch
+
+    return torch.tensor(index).to(device, non_blocking=True)
+
+
 def finish_rows(
     states: list[tuple[CacheState | None, int]], first: torch.Tensor, signal: torch.Tensor, compute: list[bool],
     run_rest: Callable[[list[int], torch.Tensor], torch.Tensor],
@@ -174,18 +182,14 @@ def finish_rows(
     remaining blocks added at their last computed step (one batched add). Records every row."""
     import torch
 
-    def on_device(index: list[int]) -> torch.Tensor:
-        # Queued, not a stall: indexing with the list itself would wait for the device's queue.
-        return torch.tensor(index).to(first.device, non_blocking=True)
-
     out = first.clone()
     index = [i for i, c in enumerate(compute) if c]
     if index:
-        rows = on_device(index)
+        rows = device_rows(index, first.device)
         out.index_copy_(0, rows, run_rest(index, rows))
     reused = [i for i, c in enumerate(compute) if not c]
     if reused:
-        rows = on_device(reused)
+        rows = device_rows(reused, first.device)
         residuals = torch.stack([states[i][0].residual[states[i][1]] for i in reused])  # type: ignore[union-attr]
         out.index_copy_(0, rows, first.index_select(0, rows) + residuals)
     for i, (state, branch) in enumerate(states):

@@ -9,6 +9,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from omni_core.stages.diffusion_cache import device_rows
 from omni_core.stages.diffusion_parallel import SINGLE, Parallel
 
 
@@ -154,12 +155,6 @@ class Context:
             [pick(k) for k in self.keys], [pick(v) for v in self.values], pick(self.mask), pick(self.cos), pick(self.sin),
             [self.lengths[i] for i in index], self.parallel, self.expand_kv, self.gen_tokens,
         )
-
-
-def device_rows(index: list[int], device: torch.device) -> torch.Tensor:
-    """Row numbers as an index on `device`. Indexing with the list itself copies it there and waits
-    for everything queued on the device (a stall each step); this copy is queued instead."""
-    return torch.tensor(index).to(device, non_blocking=True)
 
 
 def generator_qkv(layer: Any, gen: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -44,7 +44,7 @@ from omni_core.stages.cuda_graphs import GraphCache
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_core.stages.diffusion_parallel import SINGLE, ParallelConfig, check_heads
 from omni_cosmos3 import diffusers_private
-from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, device_rows, generator_layer, patchify, rope, unpatchify
+from omni_cosmos3.layers import EAGER, Context, LayerKernels, attention, generator_layer, patchify, rope, unpatchify
 from omni_cosmos3.positions import build_row
 from omni_cosmos3.samples import (
     Actions, Conditioning, Row, SampleState, SchedulerGroup, float_rows, group_schedulers, group_step, guided, noisy_frames_rows, row_branch,
@@ -425,7 +425,7 @@ class Cosmos3Model(DiffusionModel):
         local_sample = [row_sample[i] for i in local]
         preds_vision = preds_sound = preds_action = None
         if local:
-            gen = parallel.shard(inputs.index_select(0, device_rows(local_sample, self.device)), 1)  # [B, M/U, H]
+            gen = parallel.shard(inputs.index_select(0, diffusion_cache.device_rows(local_sample, self.device)), 1)  # [B, M/U, H]
             context = self._context(samples[0].batch_key, [rows[i] for i in local], num_tokens, gen.dtype)
             cache_rows = [(samples[row_sample[i]].cache, row_branch(row_sample, i)) for i in local]
             if any(state is not None for state, _ in cache_rows):
