@@ -351,7 +351,7 @@ class OmniSystem:
     """Omni: the minimax-h3 family's pipeline (encoder + dit), both stages inline, no entry points needed."""
 
     def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, stride: int, quantization: str | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, max_batch_tokens: int | None = None) -> None:
         import omni_minimax_h3.plugin
 
         from omni_core import Omni
@@ -366,9 +366,13 @@ class OmniSystem:
             overrides.append(f"dit.quantization={quantization}")
         if compile:
             overrides.append("dit.compile=true")
+        if max_batch_tokens is not None:
+            overrides.append(f"dit.max_batch_tokens={max_batch_tokens}")
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
         self.stride = stride
         self.system = f"omni+{quantization}" if quantization else "omni"
+        if max_batch_tokens is not None:
+            self.system += f", max_batch_tokens={max_batch_tokens}"
 
     def transformer(self) -> Any:
         """The ``dit`` stage's transformer (inline placement: a thread of this process), for `ForwardTimer`.
@@ -489,6 +493,14 @@ class Report:
             out["quantized_cN_over_diffusers_sequential"] = [q.video_s_per_s / b.video_s_per_s for b, q in zip(base, quantized)]
             out["quantized_psnr_vs_omni_db"] = min(psnr(a, b) for a, b in zip(quantized[0].frames, omni_n[0].frames))
             out["quantized_dit_speedup"] = [o.forward_s / q.forward_s for o, q in zip(omni_n, quantized)]
+        budgeted = [r for r in self.runs if r.system.startswith("omni, max_batch_tokens=") and r.concurrency == n]
+        if budgeted and omni_n:
+            out["budget"] = {
+                "system": budgeted[0].system,
+                "throughput": [b.video_s_per_s / o.video_s_per_s for o, b in zip(omni_n, budgeted)],
+                "e2el_mean": [float(np.mean(b.latencies_s) / np.mean(o.latencies_s)) for o, b in zip(omni_n, budgeted)],
+                "psnr_vs_omni_db": min(psnr(a, b) for a, b in zip(budgeted[0].frames, omni_n[0].frames)),
+            }
         for run_set in [self.of("omni+cache", n, t) for t in self.args["cache_thresholds"]]:
             if run_set and omni_n:
                 out[f"cache_{run_set[0].cache_threshold}"] = {
@@ -576,6 +588,11 @@ class Report:
                          f"{spread(s['quantized_dit_speedup'])}x as fast as Omni's unquantized ones, min PSNR "
                          f"{s['quantized_psnr_vs_omni_db']:.1f} dB against Omni unquantized (DiT MFU credits the same FLOPs "
                          f"against the {a['dtype']} ceiling)")
+        if "budget" in s:
+            b = s["budget"]
+            lines.append(f"- {b['system'].removeprefix('omni, ')} at concurrency {n} (requests start in arrival order while their rows "
+                         f"fit): video s/s {spread(b['throughput'])}x, mean E2EL {spread(b['e2el_mean'])}x Omni's without it, "
+                         f"min PSNR {b['psnr_vs_omni_db']:.1f} dB against it")
         systems = sorted({r.system for r in self.runs}, key=[r.system for r in self.runs].index)
         peaks = {sys_: max((r.peak_mib for r in self.runs if r.system == sys_), default=0) for sys_ in systems}
         lines.append("- peak GPU memory: " + ", ".join(f"{k} {v / 1024:.1f} GiB" for k, v in peaks.items() if v))
@@ -741,6 +758,22 @@ def run(args: argparse.Namespace) -> Report:
         timer.close()
     finally:
         omni.close()
+    if args.max_batch_tokens is not None:  # the dit's token budget at concurrency N (`budget_note`)
+        del omni, timer
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        budget = int(args.max_batch_tokens * sum(report.meta["rows"]))
+        omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, compile=args.compile, max_batch_tokens=budget)
+        try:
+            timer = ForwardTimer(omni.transformer(), args.device)
+            omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
+            log(f"omni max_batch_tokens={budget} loaded and warm")
+            for repeat in range(args.repeats):
+                measured(f"omni max_batch_tokens={budget} c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
+            timer.close()
+        finally:
+            omni.close()
     if args.quantization:  # the dit stage's quantization option, at concurrency N
         del omni, timer
         gc.collect()
@@ -834,6 +867,8 @@ def main() -> None:
     parser.add_argument("--quantization", choices=("fp8", "int8"), default=None,
                         help="then Omni again at --concurrency with the dit stage's quantization option")
     parser.add_argument("--skip-c1", action="store_true", help="leave out Omni at concurrency 1")
+    parser.add_argument("--max-batch-tokens", type=float, default=None,
+                        help="also Omni at concurrency N with the dit's max_batch_tokens at this many requests' rows (1: one at a time)")
     parser.add_argument("--compile", action="store_true", help="both systems compiled (diffusers' regional compilation, Omni's dit compile)")
     parser.add_argument("--probe", action="store_true", help="time released-width parts in memory and exit")
     parser.add_argument("--out", default=os.environ.get("OUT") or "/tmp/omni-bench-out")

@@ -42,7 +42,10 @@ class CountingModel(DiffusionModel):
         if data.get("size") == "bad":
             raise InvalidRequestError("bad size", param="size")
         steps = params.get("num_inference_steps", 3)
-        return [DiffusionSample(request_id, i, steps, data.get("size", 1), state={"steps": 0}) for i in range(data.get("n", 1))]
+        return [
+            DiffusionSample(request_id, i, steps, data.get("size", 1), state={"steps": 0}, tokens=data.get("tokens", 0))
+            for i in range(data.get("n", 1))
+        ]
 
     def start(self, samples: list[DiffusionSample]) -> None:
         self.started += [s.request_id for s in samples]
@@ -111,6 +114,22 @@ def test_n_samples_become_one_final_chunk_with_a_list():
     finals = [c for c in drain(runtime) if c.final]
     assert len(finals) == 1 and [int(im[0, 0, 0]) for im in finals[0].data["image"]] == [20, 21, 22]
     assert max(len(steps) for _, steps in runtime.model.calls) == 2  # never more than max_num_seqs
+
+
+def test_a_token_budget_starts_requests_in_arrival_order_while_they_fit():
+    runtime = make_runtime(max_batch_tokens=100)
+    model: CountingModel = runtime.model  # type: ignore[assignment]
+    for name, tokens in (("a", 80), ("b", 80), ("c", 20), ("d", 500), ("e", 10)):
+        runtime.add_request(name, StageInput({"tokens": tokens}, params={"num_inference_steps": 2}))
+    finished = [c.request_id for c in drain(runtime) if c.final]
+    # a alone (c fits beside it, but does not pass b); then b with c; d, over the budget, alone; then e
+    assert model.started == ["a", "b", "c", "d", "e"] and finished == ["a", "b", "c", "d", "e"]
+    assert [len(steps) for _, steps in model.calls] == [1, 1, 2, 2, 1, 1, 1, 1]
+    unlimited = make_runtime()
+    for name in "abc":
+        unlimited.add_request(name, StageInput({"tokens": 80}, params={"num_inference_steps": 2}))
+    drain(unlimited)
+    assert [len(steps) for _, steps in unlimited.model.calls] == [3, 3]
 
 
 def test_admission_window_lets_requests_arriving_together_start_together():

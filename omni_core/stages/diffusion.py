@@ -2,8 +2,8 @@
 
 Requests are validated by the model part when they arrive (`DiffusionModel.prepare`) and wait in
 an admission queue. Each `step()` admits waiting samples while fewer than `max_num_seqs` are
-running (after a short admission window when the stage is idle, so requests arriving together
-start together), groups the running samples by their `batch_key` and runs ONE denoising step
+running and their tokens fit `max_batch_tokens` (after a short admission window when the stage is
+idle, so requests arriving together start together), groups the running samples by their `batch_key` and runs ONE denoising step
 for every group, each sample at its own step: a new request joins a running batch at its step 0
 (step batching). Finished samples are decoded (batched per key) and their request gets one final
 chunk; with streaming on, every step also emits a non-final ``progress`` chunk per request.
@@ -45,6 +45,17 @@ class DiffusionOptions:
         default=8,
         validator=attrs.validators.ge(1),
         metadata={"doc": "Most samples denoised at once (a request with ``n`` images counts ``n``)."},
+    )
+    max_batch_tokens: int | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.ge(1)),
+        metadata={
+            "doc": "Most tokens (the sequence positions of every guidance branch, as the model part counts them) in "
+            "one denoising step: waiting requests start, in arrival order, while the running ones leave room (one "
+            "always runs). Where one request already fills the device, batching more makes each wait for all at "
+            "the same throughput; with this budget they finish one after another, as if served alone. ``None``: no "
+            "limit but `max_num_seqs`."
+        },
     )
     admission_window_ms: float = attrs.field(
         default=5.0,
@@ -326,9 +337,15 @@ class DiffusionStageRuntime(StageRuntime):
                 return False
         self._idle_since = None
         admitted: list[DiffusionSample] = []
+        budget = self.options.max_batch_tokens
+        used = sum(s.tokens for s in self._running)
         while self._waiting and free > 0:
-            _, sample = self._waiting.popitem(last=False)
+            sample = next(iter(self._waiting.values()))
+            if budget is not None and used + sample.tokens > budget and (self._running or admitted):
+                break  # (arrival order: a small request does not pass a large one that waits)
+            self._waiting.popitem(last=False)
             admitted.append(sample)
+            used += sample.tokens
             free -= 1
         if admitted:
             if self.ranks is not None:

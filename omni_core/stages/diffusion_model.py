@@ -37,6 +37,9 @@ class DiffusionSample:
       runtime never puts samples with different keys into one `denoise` call.
     - `state`: the model's private per-sample state.
     - `cache`: cache-acceleration state when the request enabled it (see `diffusion_cache`).
+    - `tokens`: the sequence positions the sample puts through one denoising forward (latent
+      tokens of every guidance branch, and any text or conditioning rows the forward recomputes),
+      what the stage's ``max_batch_tokens`` option counts; 0 when the model part does not say.
     """
 
     request_id: str
@@ -47,6 +50,7 @@ class DiffusionSample:
     step: int = 0
     cache: CacheState | None = None
     started: bool = False
+    tokens: int = 0
 
     @property
     def done(self) -> bool:

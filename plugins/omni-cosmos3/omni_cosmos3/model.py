@@ -185,7 +185,8 @@ class Cosmos3Model(DiffusionModel):
                 0 if state.sound_latents is None else int(state.sound_latents.shape[1]),
                 0 if state.actions is None else state.actions.length,
             )
-            samples.append(DiffusionSample(request_id, index, len(state.scheduler.timesteps), key, state))
+            tokens = sum(int(row.gen_positions.shape[1]) for row in state.rows)  # the generator's rows, every branch
+            samples.append(DiffusionSample(request_id, index, len(state.scheduler.timesteps), key, state, tokens=tokens))
         return samples
 
     def _action_request(self, request: Request) -> tuple[Request, Conditioning]:

@@ -128,10 +128,12 @@ class HunyuanDiT(DiffusionModel):
             raise InvalidRequestError(f"reuse_prefix_kv must be true or false, got {reuse!r}", param="reuse_prefix_kv")
         prefix = _Prefix(rows.prefix.to(self.device), self._reused_rows(data, rows.prefix[0].tolist()) if reuse else None)
         sigmas = flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device)
+        tokens = rows.prefix.shape[0] * (1 + side_h * side_w)  # per branch: the <timestep> and the image tokens
         return [
             DiffusionSample(
                 request_id, index, steps, (side_h, side_w),
                 _State(prefix, initial_noise(seed + index, self.config.latent_channels, side_h, side_w, self.device), sigmas, guidance),
+                tokens=tokens,
             )
             for index in range(n)
         ]

@@ -205,7 +205,22 @@ class MiniMaxH3DiT(DiffusionModel):
             raise InvalidRequestError(f"this checkpoint has no {state.transformer}/ for {'ref2va' if references else 't2va/fl2va'}", param="references")
         schedule = copy.deepcopy(self.pipe.scheduler)
         schedule.set_timesteps(request.num_inference_steps)
-        return [DiffusionSample(request_id, 0, int(schedule.timesteps.numel()), state.transformer, state)]
+        tokens = self._tokens(request, int(prompt_embeds.shape[1]), len(keyframes))
+        return [DiffusionSample(request_id, 0, int(schedule.timesteps.numel()), state.transformer, state, tokens=tokens)]
+
+    def _tokens(self, request: Request, text_rows: int, keyframes: int) -> int:
+        """The rows of one forward (the library's packed layout): text, the keyframes' and the generated
+        video latents' patches, the generated audio latents of each channel. (A reference's conditioning
+        rows are not counted: they are a few frames or a clip's audio, beside a video's thousands.)"""
+        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
+            audio_latent_num_frames,
+            video_latent_num_frames,
+        )
+
+        g = self.geometry
+        frames = video_latent_num_frames(request.num_frames, g.frames_per_chunk, g.latents_per_chunk) + keyframes
+        patches = (request.height // g.canvas_multiple) * (request.width // g.canvas_multiple)
+        return text_rows + frames * patches + audio_latent_num_frames(request.num_frames) * int(self.pipe.audio_channels)
 
     def start(self, samples: list[DiffusionSample]) -> None:
         for sample in samples:

@@ -132,3 +132,23 @@ def test_private_diffusers_names_still_behave() -> None:
     c, s = cos[None, :, None], sin[None, :, None]
     torch.testing.assert_close(rotated[..., :3], first * c[..., :3] - second * s[..., :3])
     torch.testing.assert_close(rotated[..., 3:6], second * c[..., 3:6] + first * s[..., 3:6])
+
+
+def test_a_sample_counts_the_rows_of_its_forward(dit, processor, encoder) -> None:
+    """`DiffusionSample.tokens` (what the stage's ``max_batch_tokens`` budgets) is the packed layout's
+    row count: text, keyframes, video patches and both audio channels."""
+    from PIL import Image
+
+    frame = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8))
+    requests = {
+        "t2va": request("a cat sleeps on a sofa"),
+        "first": request("a cat", image=frame, size=(64, 32)),
+        "both": request("a cat", image=frame, last_image=frame, num_frames=141),
+    }
+    model = dit.model
+    for rid, item in stage_inputs(processor, encoder, requests).items():
+        samples = model.prepare(rid, dict(item.data), dict(item.params))
+        model.start(samples)
+        values = samples[0].state.values
+        rows = sum(int(values[k].shape[0]) for k in ("video_indices", "audio_indices", "text_indices"))
+        assert samples[0].tokens == rows, rid
