@@ -152,3 +152,25 @@ def test_a_sample_counts_the_rows_of_its_forward(dit, processor, encoder) -> Non
         values = samples[0].state.values
         rows = sum(int(values[k].shape[0]) for k in ("video_indices", "audio_indices", "text_indices"))
         assert samples[0].tokens == rows, rid
+
+
+def test_a_token_budget_of_one_request_runs_them_one_after_another(pipeline, dit, processor, encoder) -> None:
+    """``max_batch_tokens`` at one request's rows: three requests in arrival order, each alone in its
+    steps, each the video it is when the three share every step (the samples' real row counts)."""
+    import attrs
+
+    from omni_core.stages.diffusion import DiffusionStageRuntime
+
+    requests = {f"r{i}": request(prompt, seed=i) for i, prompt in enumerate(("a cat sleeps", "waves on rocks", "a dog runs"))}
+    inputs = stage_inputs(processor, encoder, requests)
+    together = run_dit(dit, inputs)
+    tokens = dit.model.prepare("probe", dict(inputs["r0"].data), dict(inputs["r0"].params))[0].tokens
+    stage = pipeline.stage("dit")
+    options = {**stage.options, "admission_window_ms": 0.0, "max_batch_tokens": tokens}
+    budgeted = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options=options))
+    budgeted.model = dit.model  # the same loaded model part (as `load()` would attach it)
+    alone = run_dit(budgeted, inputs)
+    assert budgeted.batch_sizes and set(budgeted.batch_sizes) == {1} and max(dit.batch_sizes[-3:]) == 3
+    for rid in requests:  # (a batched forward rounds differently: within one 8-bit level, as in test_equality)
+        assert np.abs(alone[rid]["video"].astype(int) - together[rid]["video"].astype(int)).max() <= 1, rid
+        np.testing.assert_allclose(alone[rid]["audio"], together[rid]["audio"], rtol=1e-4, atol=1e-5, err_msg=rid)
