@@ -207,7 +207,7 @@ async def minimax_video(client: httpx.AsyncClient, k: int, steps: int) -> tuple[
             return None, f"HTTP {created.status_code}: {created.text[:300]}"
         video_id = created.json()["id"]
         deadline = time.monotonic() + 600
-        while (job := (await client.get(f"/v1/videos/{video_id}")).json())["status"] == "in_progress":
+        while (job := (await client.get(f"/v1/videos/{video_id}")).json())["status"] in ("queued", "in_progress"):
             if time.monotonic() > deadline:
                 return None, f"job {video_id} still in progress after 600 s"
             await asyncio.sleep(0.05)

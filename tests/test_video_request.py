@@ -110,7 +110,7 @@ async def test_video_jobs_drop_finished_jobs_behind_one_still_running() -> None:
     jobs.start(tracked("long", wait=True), "m", "p")
     jobs.start(tracked("a"), "m", "p")
     await asyncio.sleep(0.01)
-    assert [jobs.job(name).status for name in ("long", "a")] == ["in_progress", "failed"]
+    assert [jobs.job(name).status for name in ("long", "a")] == ["queued", "failed"]
     jobs.start(tracked("b"), "m", "p")
     assert list(jobs.entries) == ["long", "b"]  # a dropped, the older running one kept
     with pytest.raises(APIError, match="no video job 'a'"):

@@ -1,6 +1,8 @@
-"""Video jobs, as OpenAI's Videos API has them: ``POST /v1/videos`` starts one, ``GET`` polls it (its
-``progress`` follows the denoising steps), ``/content`` downloads the MP4, ``GET /v1/videos`` lists
-the jobs and ``DELETE`` cancels one (the request is aborted in every stage) and forgets it."""
+"""Video jobs, as OpenAI's Videos API has them: ``POST /v1/videos`` starts one, ``GET`` polls it
+(``queued`` until the stage that draws starts it, e.g. behind others under its token budget, then
+``in_progress``, its ``progress`` following the denoising steps), ``/content`` downloads the MP4,
+``GET /v1/videos`` lists the jobs and ``DELETE`` cancels one (the request is aborted in every stage)
+and forgets it."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class VideoJobs:
 
     def start(self, tracked: Tracked, model: str, prompt: str, seconds: str | None = None, size: str | None = None) -> VideoJob:
         job = VideoJob(
-            id=tracked.request.request_id, created_at=int(time.time()), status="in_progress", model=model, prompt=prompt,
+            id=tracked.request.request_id, created_at=int(time.time()), status="queued", model=model, prompt=prompt,
             seconds=seconds, size=size,
         )
         entry = _Entry(job)
@@ -56,11 +58,11 @@ class VideoJobs:
     async def _run(self, entry: _Entry, tracked: Tracked) -> None:
         try:
             async for delta in tracked.deltas():
-                if delta.step_progress is not None:
+                if delta.step_progress is not None:  # the stage that draws has started it: in progress
                     step, total = delta.step_progress
                     # (99 at most: the VAE decode and the MP4 encoding come after the last step)
                     percent = min(99, 100 * step // total)
-                    entry.job = msgspec.structs.replace(entry.job, progress=max(entry.job.progress, percent))
+                    entry.job = msgspec.structs.replace(entry.job, status="in_progress", progress=max(entry.job.progress, percent))
             result = tracked.result
             if result.video is None:
                 raise APIError(500, "the pipeline produced no video", type="server_error")
