@@ -3,11 +3,12 @@
 Requests are validated by the model part when they arrive (`DiffusionModel.prepare`) and wait in
 an admission queue. Each `step()` admits waiting samples while fewer than `max_num_seqs` are
 running and their tokens fit `max_batch_tokens` (after a short admission window when the stage is
-idle, so requests arriving together start together), groups the running samples by their `batch_key` and runs ONE denoising step
-for every group, each sample at its own step: a new request joins a running batch at its step 0
-(step batching). Finished samples are decoded (batched per key) and their request gets one final
-chunk; with streaming on, every step also emits a non-final ``progress`` chunk per request.
-Aborting a request between steps frees its slots for the next step.
+idle, so requests arriving together start together), groups the running samples by their
+`batch_key` and runs ONE denoising step for every group, each sample at its own step: a new
+request joins a running batch at its step 0 (step batching). Finished samples are decoded (batched
+per key) and their request gets one final chunk; with streaming on, every step also emits a
+non-final ``progress`` chunk per request. Aborting a request between steps frees its slots for the
+next step.
 
 With the ``parallel`` option a replica spans several devices (`omni_core.stages.diffusion_parallel`):
 this runtime is rank 0 and repeats each of its model part calls on the other ranks first.
