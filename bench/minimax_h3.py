@@ -758,37 +758,29 @@ def run(args: argparse.Namespace) -> Report:
         timer.close()
     finally:
         omni.close()
-    if args.max_batch_tokens is not None:  # the dit's token budget at concurrency N (`budget_note`)
-        del omni, timer
+    omni = timer = None  # (the variants below load their own; this one's memory must go first)
+
+    def variant(label: str, **options: Any) -> None:
+        """Omni at concurrency N with other dit options: a fresh load, the previous one's memory freed."""
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+        system = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, compile=args.compile, **options)
+        try:
+            forwards = ForwardTimer(system.transformer(), args.device)
+            system.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
+            log(f"omni {label} loaded and warm")
+            for repeat in range(args.repeats):
+                measured(f"omni {label} c{n} #{repeat}", lambda: system.run(n, n, repeat, size, steps, memory, forwards))
+            forwards.close()
+        finally:
+            system.close()
+
+    if args.max_batch_tokens is not None:  # the dit's token budget: K requests' rows
         budget = int(args.max_batch_tokens * sum(report.meta["rows"]))
-        omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, compile=args.compile, max_batch_tokens=budget)
-        try:
-            timer = ForwardTimer(omni.transformer(), args.device)
-            omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
-            log(f"omni max_batch_tokens={budget} loaded and warm")
-            for repeat in range(args.repeats):
-                measured(f"omni max_batch_tokens={budget} c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
-            timer.close()
-        finally:
-            omni.close()
-    if args.quantization:  # the dit stage's quantization option, at concurrency N
-        del omni, timer
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-        omni = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, quantization=args.quantization, compile=args.compile)
-        try:
-            timer = ForwardTimer(omni.transformer(), args.device)
-            omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
-            log(f"omni {args.quantization} loaded and warm")
-            for repeat in range(args.repeats):
-                measured(f"omni {args.quantization} c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
-            timer.close()
-        finally:
-            omni.close()
+        variant(f"max_batch_tokens={budget}", max_batch_tokens=budget)
+    if args.quantization:  # the dit stage's quantization option
+        variant(args.quantization, quantization=args.quantization)
     if cuda and preset.widths == "released":
         report.meta["fit"] = fit_note(report, torch.cuda.get_device_properties(args.device).total_memory / 2**30)
     report.meta["total_s"] = time.perf_counter() - t0
