@@ -125,6 +125,9 @@ def test_a_token_budget_starts_requests_in_arrival_order_while_they_fit():
     # a alone (c fits beside it, but does not pass b); then b with c; d, over the budget, alone; then e
     assert model.started == ["a", "b", "c", "d", "e"] and finished == ["a", "b", "c", "d", "e"]
     assert [len(steps) for _, steps in model.calls] == [1, 1, 2, 2, 1, 1, 1, 1]
+    waiting = make_runtime(max_batch_tokens=100, admission_window_ms=10_000.0)
+    waiting.add_request("f", StageInput({"tokens": 100}, params={"num_inference_steps": 1}))
+    assert [c.request_id for c in waiting.step()] == ["f"]  # it fills the budget: no waiting for company
     unlimited = make_runtime()
     for name in "abc":
         unlimited.add_request(name, StageInput({"tokens": 80}, params={"num_inference_steps": 2}))

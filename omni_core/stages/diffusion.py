@@ -327,8 +327,11 @@ class DiffusionStageRuntime(StageRuntime):
     def _admit(self) -> bool:
         """Move waiting samples into the running batch; False to wait a bit longer for company."""
         free = self.options.max_num_seqs - len(self._running)
-        if not self._running and self._waiting and len(self._waiting) < free:
-            # Idle stage: give requests sent together a moment to arrive, so they share every step.
+        budget = self.options.max_batch_tokens
+        room = budget is None or sum(s.tokens for s in self._waiting.values()) < budget
+        if not self._running and self._waiting and len(self._waiting) < free and room:
+            # Idle stage: give requests sent together a moment to arrive, so they share every step
+            # (while they leave room: a budget they already fill starts the first at once).
             now = time.monotonic()
             if self._idle_since is None:
                 self._idle_since = now
@@ -338,8 +341,7 @@ class DiffusionStageRuntime(StageRuntime):
                 return False
         self._idle_since = None
         admitted: list[DiffusionSample] = []
-        budget = self.options.max_batch_tokens
-        used = sum(s.tokens for s in self._running)
+        used = sum(s.tokens for s in self._running) if budget is not None else 0
         while self._waiting and free > 0:
             sample = next(iter(self._waiting.values()))
             if budget is not None and used + sample.tokens > budget and (self._running or admitted):

@@ -43,7 +43,7 @@ from omni_minimax_h3.requests import MAX_STEPS, USER_PARAMS, Geometry, Request, 
 DIFFUSERS_REQUIREMENT = "diffusers>=0.40,<0.43"
 TRANSFORMERS = ("transformer", "transformer_ref")
 LAYOUT_FIELDS = ("token_tags", "position_ids", "video_indices", "audio_indices", "text_indices")
-KNOWN_PARAMS = {"seed", "size", "num_frames", "seconds", "num_inference_steps", "token_tags", "keyframes", "keyframe_anchors", "references"}
+KNOWN_PARAMS = USER_PARAMS | {"token_tags", "keyframes", "keyframe_anchors", "references"}  # (the input processor's own)
 
 
 @attrs.define(eq=False)

@@ -85,7 +85,7 @@ class MiniMaxH3InputProcessor(InputProcessor):
         image = decode_image(request.extra.get("image"), "image")
         last_image = decode_image(request.extra.get("last_image"), "last_image")
         params = {**dict(request.params.get(DIT) or {}), **{k: request.extra[k] for k in REQUEST_FIELDS if request.extra.get(k) is not None}}
-        _check_dit_params(params)
+        _check_cache(params)
         if "size" in params:
             params["size"] = list(params["size"])
         references = self._references(request.extra.get("references"))
@@ -145,7 +145,7 @@ class MiniMaxH3InputProcessor(InputProcessor):
         return out
 
 
-def _check_dit_params(params: dict[str, Any]) -> None:
+def _check_cache(params: dict[str, Any]) -> None:
     """A valid ``cache``, refused here before the encoder runs (the engine refused unknown names:
     `MiniMaxH3DiT.request_params`)."""
     from omni_core.stages.diffusion_cache import CacheConfig, resolve_cache
