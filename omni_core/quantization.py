@@ -15,12 +15,15 @@ torch is imported inside functions: the core imports this module at discovery ti
 from __future__ import annotations
 
 import functools
+import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from omni_core.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_fp8(kind: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -63,18 +66,26 @@ def quantize_linears(module: torch.nn.Module, spec: dict[str, Any], skip: Callab
         )
     cls = builders[method]()
     min_features = int(spec.get("min_features", 0))
-    replaced = 0
+    replaced = named = narrow = unaligned = 0
     for name, child in list(module.named_modules()):
         for child_name, layer in list(child.named_children()):
             qualified = f"{name}.{child_name}" if name else child_name
             if type(layer) is not torch.nn.Linear:
                 continue
-            if min(layer.in_features, layer.out_features) < min_features or (skip is not None and skip(qualified)):
-                continue
-            if method == "fp8" and (layer.in_features % 16 or layer.out_features % 16):
-                continue  # torch._scaled_mm needs both dimensions of the weight to be multiples of 16
-            setattr(child, child_name, cls.from_linear(layer))
-            replaced += 1
+            if skip is not None and skip(qualified):
+                named += 1
+            elif min(layer.in_features, layer.out_features) < min_features:
+                narrow += 1
+            elif method == "fp8" and (layer.in_features % 16 or layer.out_features % 16):
+                unaligned += 1  # torch._scaled_mm needs both dimensions of the weight to be multiples of 16
+            else:
+                setattr(child, child_name, cls.from_linear(layer))
+                replaced += 1
+    kept = [f"{named} left unquantized by the family"] if named else []
+    kept += [f"{narrow} narrower than {min_features} features"] if narrow else []
+    kept += [f"{unaligned} with a dimension not a multiple of 16"] if unaligned else []
+    logger.info("%s: %d of %d linear layers replaced%s", method, replaced, replaced + named + narrow + unaligned,
+                f" (kept: {', '.join(kept)})" if kept else "")
     return replaced
 
 

@@ -7,6 +7,7 @@ equality with diffusers on a real checkpoint is in ``plugins/omni-cosmos3/tests`
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -179,7 +180,7 @@ def test_cache_parameter_resolution():
         assert info.value.param == param
 
 
-def test_quantization_resolvers_and_int8_linears_match_float():
+def test_quantization_resolvers_and_int8_linears_match_float(caplog):
     assert resolve_fp8("ar", {}) == {"quantization": "fp8"}
     assert resolve_fp8("diffusion", {})["method"] == "fp8"
     assert resolve_int8("diffusion", {})["method"] == "int8_weight_only"
@@ -189,7 +190,10 @@ def test_quantization_resolvers_and_int8_linears_match_float():
     net = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 128), torch.nn.Linear(128, 8))
     x = torch.randn(4, 128)
     expected = net(x)
-    assert quantize_linears(net, resolve_int8("diffusion", {})) == 2  # the 8-wide head stays float
+    with caplog.at_level(logging.INFO, logger="omni_core.quantization"):
+        assert quantize_linears(net, resolve_int8("diffusion", {})) == 2  # the 8-wide head stays float
+    # The load says what was replaced and why the rest was not (a tiny model may have nothing to quantize).
+    assert "int8_weight_only: 2 of 3 linear layers replaced (kept: 1 narrower than 64 features)" in caplog.text
     assert type(net[0]).__name__ == "Int8WeightOnlyLinear" and net[0].weight_int8.dtype == torch.int8
     got = net(x)
     assert torch.allclose(got, expected, atol=0.02 * expected.abs().max().item())

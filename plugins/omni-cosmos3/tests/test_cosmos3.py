@@ -147,6 +147,28 @@ def test_samples_admitted_together_share_a_scheduler_and_stay_exact(pipeline, re
         assert np.abs(pixels(outputs[rid]).astype(int) - expected.astype(int)).max() <= 1, rid
 
 
+def test_a_sample_counts_the_positions_its_forward_carries(pipeline):
+    """`DiffusionSample.tokens` (what the stage's ``max_batch_tokens`` adds up) is what the generator
+    tower runs for the sample each step: every guidance branch's vision and sound tokens."""
+    runtime = make_runtime(pipeline, admission_window_ms=0.0)
+    try:
+        part = runtime.model
+        for name, item in REQUESTS.items():
+            samples = part.prepare(name, item.data, item.params)
+            part.start(samples)
+            seen: list[int] = []
+            handle = part.transformer.norm_moe_gen.register_forward_hook(
+                lambda module, args, output: seen.append(args[0].shape[0] * args[0].shape[1])
+            )
+            try:
+                part.denoise(samples)
+            finally:
+                handle.remove()
+            assert seen == [sum(sample.tokens for sample in samples)], name
+    finally:
+        runtime.close()
+
+
 def test_step_batching_gives_the_same_outputs_as_request_batching(pipeline, batched):
     _, together = batched
     runtime = make_runtime(pipeline, max_num_seqs=8, admission_window_ms=0.0)

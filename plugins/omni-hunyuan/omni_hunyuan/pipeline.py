@@ -148,8 +148,6 @@ class HunyuanInputProcessor(InputProcessor):
         forced = [self.tokens.answer, self.tokens.boi, self.tokens.size]
         tail = {"closers": [closer], "budget": budget, "forced": forced, "ratios": self.ratio_ids}
         ar_params: dict[str, Any] = {"max_tokens": budget + 2 + len(forced)}
-        if "skip_special_tokens" not in asked:
-            ar_params["skip_special_tokens"] = False
         ar_params["stop_token_ids"] = [*asked.get("stop_token_ids", ()), *self.ratio_ids]
         ar_params[RATIO_TAIL_PARAM] = tail
         if reuse:

@@ -142,6 +142,23 @@ def test_n_images_of_one_prompt_are_those_of_seeds_seed_to_seed_plus_n(
     assert not runtime.has_unfinished()
 
 
+def test_a_sample_counts_the_positions_its_forward_carries(runtime: Any) -> None:
+    """`DiffusionSample.tokens` (what the stage's ``max_batch_tokens`` adds up) is what the layers run
+    for the sample each step: every CFG branch's ``<timestep>`` and image tokens (the prefix is cached)."""
+    part = runtime.model
+    layer = part.transformer.model.layers[0]
+    for params in ({"guidance_scale": 5.0, "size": (64, 64), "n": 2}, {"guidance_scale": 1.0}):
+        samples = part.prepare("count", {"prompt": "A red apple on a wooden table"}, {"num_inference_steps": 2, "seed": 1, **params})
+        part.start(samples)
+        seen: list[int] = []
+        handle = layer.register_forward_hook(lambda module, args, output: seen.append(args[0].shape[0] * args[0].shape[1]))
+        try:
+            part.denoise(samples)
+        finally:
+            handle.remove()
+        assert seen == [sum(sample.tokens for sample in samples)], params
+
+
 def test_first_block_caching_skips_steps_per_request_and_threshold_zero_changes_nothing(
     runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
 ) -> None:

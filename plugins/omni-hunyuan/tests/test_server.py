@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -56,6 +57,17 @@ def test_text_and_image_run_think_then_draw(client: openai.OpenAI) -> None:
     named = _chat(client, None, task="think_t2i").choices[0].message.content
     assert named[0] == parts[0]
     np.testing.assert_array_equal(_image(named[1]["image_url"]["url"]), image)
+
+
+def test_think_then_draw_text_is_the_reasoning_without_the_ratio_step(client: openai.OpenAI) -> None:
+    control = ("</think>", "<answer>", "<boi>", "<img_size_", "<img_ratio_")
+    text = _chat(client, ["text", "image"]).choices[0].message.content[0]["text"]
+    assert not [c for c in control if c in text], text
+    # Asked for, the control tokens show: the text then ends in the ratio step (its last token, the
+    # ratio, stops the stage: vLLM leaves a stop token out of the text).
+    shown = {"dit": STEPS["dit"], "ar": {**STEPS["ar"], "skip_special_tokens": False}}
+    raw = _chat(client, ["text", "image"], stage_params=shown).choices[0].message.content[0]["text"]
+    assert re.search(r"</think><answer><boi><img_size_\d+>$", raw), raw
 
 
 def test_streamed_think_then_draw_sends_the_text_then_the_image(client: openai.OpenAI) -> None:
