@@ -56,7 +56,7 @@ class SampleState:
     keyframes: list[Any]  # PIL images on the canvas (fl2va), in packed order
     keyframe_anchors: tuple[str, ...]
     transformer: str
-    references: list[Any] = attrs.field(factory=list)  # diffusers' reference objects (ref2va), in packed order
+    references: list[Any] = attrs.field(factory=list)  # diffusers' reference objects (ref2va), normalized, in packed order
     values: dict[str, Any] = attrs.field(factory=dict)  # the prepared pipeline state's values
     scheduler: Any = None
     audio_scheduler: Any = None
@@ -130,6 +130,7 @@ class MiniMaxH3DiT(DiffusionModel):
         self.geometry = Geometry.from_checkpoint(self.path)
         pipe.set_progress_bar_config(disable=True)
         self._prepare = {task: self._blocks(task) for task in ("t2va", "fl2va", "ref2va")}
+        self._reference_setup = self._blocks("ref2va_setup")
         self._finish = self._blocks("decode")
 
     def _blocks(self, task: str) -> Any:
@@ -140,6 +141,8 @@ class MiniMaxH3DiT(DiffusionModel):
         from diffusers.modular_pipelines.minimax_h3.before_encoder import MiniMaxH3Ref2VASetupStep
         from diffusers.modular_pipelines.minimax_h3.encoders import MiniMaxH3KeyframeVaeEncoderStep, MiniMaxH3Ref2VAReferenceEncoderStep
 
+        if task == "ref2va_setup":  # (run at `prepare`: the references' sizes give the request's rows)
+            return SequentialPipelineBlocks.from_blocks_dict({"setup": MiniMaxH3Ref2VASetupStep()})
         if task == "decode":
             return SequentialPipelineBlocks.from_blocks_dict(
                 {"after_denoise": library.MiniMaxH3AfterDenoiseStep(), "decode": library.MiniMaxH3DecodeStep()}
@@ -148,8 +151,8 @@ class MiniMaxH3DiT(DiffusionModel):
         blocks = {name: block for name, block in cores[task]().sub_blocks.items() if name not in ("denoise", "after_denoise")}
         if task == "fl2va":
             blocks = {"vae_encoder": MiniMaxH3KeyframeVaeEncoderStep(), **blocks}
-        elif task == "ref2va":  # the references onto the model's rates (the audio VAE's sample rate), then encoded
-            blocks = {"setup": MiniMaxH3Ref2VASetupStep(), "vae_encoder": MiniMaxH3Ref2VAReferenceEncoderStep(), **blocks}
+        elif task == "ref2va":  # the references, already on the model's rates and sizes (``ref2va_setup``), encoded
+            blocks = {"vae_encoder": MiniMaxH3Ref2VAReferenceEncoderStep(), **blocks}
         return SequentialPipelineBlocks.from_blocks_dict(blocks)
 
     def _run(self, blocks: Any, **inputs: Any) -> Any:
@@ -185,6 +188,8 @@ class MiniMaxH3DiT(DiffusionModel):
         references = list(params.get("references") or ())
         default_size = keyframes[0].size if keyframes else None
         request = parse_request(params, self.geometry, default_size=default_size)
+        if references:
+            references = self._normalized_references(request, references)
         prompt_embeds = torch.as_tensor(np.asarray(embeds) if not isinstance(embeds, torch.Tensor) else embeds)
         if prompt_embeds.ndim == 2:
             prompt_embeds = prompt_embeds[None]
@@ -205,13 +210,22 @@ class MiniMaxH3DiT(DiffusionModel):
             raise InvalidRequestError(f"this checkpoint has no {state.transformer}/ for {'ref2va' if references else 't2va/fl2va'}", param="references")
         schedule = copy.deepcopy(self.pipe.scheduler)
         schedule.set_timesteps(request.num_inference_steps)
-        tokens = self._tokens(request, int(prompt_embeds.shape[1]), len(keyframes))
+        tokens = self._tokens(request, int(prompt_embeds.shape[1]), len(keyframes), references)
         return [DiffusionSample(request_id, 0, int(schedule.timesteps.numel()), state.transformer, state, tokens=tokens)]
 
-    def _tokens(self, request: Request, text_rows: int, keyframes: int) -> int:
-        """The rows of one forward (the library's packed layout): text, the keyframes' and the generated
-        video latents' patches, the generated audio latents of each channel. (A reference's conditioning
-        rows are not counted: they are a few frames or a clip's audio, beside a video's thousands.)"""
+    def _normalized_references(self, request: Request, references: list[Any]) -> list[Any]:
+        """The library's ref2va setup: its checks, and the references on the model's sizes and rates (an
+        image at its own ``reference_image_short_edge``, a soundtrack resampled and cut to the video)."""
+        inputs = {"references": references, "height": request.height, "width": request.width, "num_frames": request.num_frames}
+        try:
+            return list(self._run(self._reference_setup, **inputs).get("normalized_references"))
+        except (ImportError, ValueError) as exc:  # (resampling a soundtrack needs torchaudio)
+            raise InvalidRequestError(f"{exc}", param="references") from None
+
+    def _tokens(self, request: Request, text_rows: int, keyframes: int, references: list[Any]) -> int:
+        """The rows of one forward (the library's packed layout): text, each reference's (an image's
+        patches at its own size, a soundtrack's audio latents of each channel), the keyframes' and the
+        generated video latents' patches, the generated audio latents of each channel."""
         from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
             audio_latent_num_frames,
             video_latent_num_frames,
@@ -220,7 +234,15 @@ class MiniMaxH3DiT(DiffusionModel):
         g = self.geometry
         frames = video_latent_num_frames(request.num_frames, g.frames_per_chunk, g.latents_per_chunk) + keyframes
         patches = (request.height // g.canvas_multiple) * (request.width // g.canvas_multiple)
-        return text_rows + frames * patches + audio_latent_num_frames(request.num_frames) * int(self.pipe.audio_channels)
+        rows = text_rows + frames * patches + audio_latent_num_frames(request.num_frames) * int(self.pipe.audio_channels)
+        hop = int(self.pipe.audio_vae.hop_length)  # (its encoder pads a waveform to a multiple of it)
+        for reference in references:
+            if reference.kind == "image":
+                width, height = reference.image.size
+                rows += (height // g.canvas_multiple) * (width // g.canvas_multiple)
+            if reference.has_audio:
+                rows += int(reference.audio.shape[0]) * -(-int(reference.audio.shape[-1]) // hop)
+        return rows
 
     def start(self, samples: list[DiffusionSample]) -> None:
         for sample in samples:
@@ -247,11 +269,8 @@ class MiniMaxH3DiT(DiffusionModel):
         if state.keyframes:
             inputs.update(keyframes=state.keyframes, keyframe_anchors=state.keyframe_anchors)
         if state.references:
-            inputs["references"] = state.references
-        try:
-            prepared = self._run(self._prepare[task], **inputs)
-        except ImportError as exc:  # resampling a reference soundtrack needs torchaudio
-            raise InvalidRequestError(f"{exc}", param="references") from None
+            inputs["normalized_references"] = state.references
+        prepared = self._run(self._prepare[task], **inputs)
         state.values = dict(prepared.values)
         # Each request steps its own copies (set by the blocks just now): the schedulers count their steps.
         state.scheduler = copy.deepcopy(self.pipe.scheduler)

@@ -136,14 +136,23 @@ def test_private_diffusers_names_still_behave() -> None:
 
 def test_a_sample_counts_the_rows_of_its_forward(dit, processor, encoder) -> None:
     """`DiffusionSample.tokens` (what the stage's ``max_batch_tokens`` budgets) is the packed layout's
-    row count: text, keyframes, video patches and both audio channels."""
+    row count: text, references (an image at its own size, a soundtrack of any length), keyframes,
+    video patches and both audio channels."""
     from PIL import Image
 
-    frame = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8))
+    rng = np.random.default_rng(0)
+    frame = Image.fromarray(rng.integers(0, 256, (32, 48, 3), dtype=np.uint8))
+    tall = Image.fromarray(rng.integers(0, 256, (96, 40, 3), dtype=np.uint8))
+    sound = (rng.random((2, 8000), dtype=np.float32) - 0.5) * 0.6
     requests = {
         "t2va": request("a cat sleeps on a sofa"),
         "first": request("a cat", image=frame, size=(64, 32)),
         "both": request("a cat", image=frame, last_image=frame, num_frames=141),
+        # An image reference is encoded at its own size; a soundtrack's length need not fill the encoder's hop.
+        "references": request("a cat", references=[
+            {"type": "image", "image": frame}, {"type": "audio", "audio": sound[:, :5601], "sample_rate": 8000},
+            {"type": "image", "image": tall}, {"type": "audio", "audio": sound[0, :3000], "sample_rate": 8000},
+        ]),
     }
     model = dit.model
     for rid, item in stage_inputs(processor, encoder, requests).items():
