@@ -202,6 +202,9 @@ def block_after_attention(
     return hidden_states + gate_mlp.index_select(0, adaln_indices) * block.ff(norm_hidden_states)
 
 
+FEED_FORWARD_ROWS = 16384  # rows per call of a block's second half (`BlockKernels.rows`)
+
+
 @attrs.frozen
 class BlockKernels:
     """A transformer block's attention-free halves, eager or compiled with `torch.compile`.
@@ -212,14 +215,33 @@ class BlockKernels:
     depend on the requests that share the step. The halves take the block as an argument, so one
     compiled graph serves every block (and the row count is a dynamic dimension after its first
     change: requests join and leave the step).
+
+    The second half runs on at most `rows` rows at a time (every op in it is per row): its
+    feed-forward's intermediate (two ``ffn_dim``-wide rows for each row of the step) is then that of
+    one 480p request, however many share the step, instead of growing with them; a matrix product
+    of 16,384 rows already fills a GPU, so the pieces cost no speed.
     """
 
     before: Any = block_before_attention
     after: Any = block_after_attention
+    rows: int = FEED_FORWARD_ROWS
 
     @classmethod
     def compiled(cls) -> BlockKernels:
         return cls(torch.compile(block_before_attention, dynamic=None), torch.compile(block_after_attention, dynamic=None))
+
+    def second_half(
+        self, block: Any, hidden_states: torch.Tensor, out: torch.Tensor, tables: tuple[torch.Tensor, ...], adaln_indices: torch.Tensor
+    ) -> torch.Tensor:
+        """`after` on pieces of at most `rows` rows (as equal as can be), joined."""
+        total = hidden_states.shape[1]
+        if total <= self.rows:
+            return self.after(block, hidden_states, out, tables, adaln_indices)
+        size = -(-total // -(-total // self.rows))
+        return torch.cat([
+            self.after(block, hidden_states[:, start : start + size], out[:, start : start + size], tables, adaln_indices[start : start + size])
+            for start in range(0, total, size)
+        ], dim=1)
 
 
 EAGER = BlockKernels()
@@ -231,7 +253,9 @@ def run_block(
 ) -> torch.Tensor:
     """`MiniMaxH3TransformerBlock.forward` over several requests' rows, attention per request."""
     query, key, value, tables = kernels.before(block, hidden_states, temb, adaln_indices, *rotary_emb)
-    return kernels.after(block, hidden_states, attend(rows, query, key, value), tables, adaln_indices)
+    out = attend(rows, query, key, value)
+    del query, key, value  # (freed before the feed-forward's intermediate is made)
+    return kernels.second_half(block, hidden_states, out, tables, adaln_indices)
 
 
 @attrs.define

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -118,6 +119,24 @@ def test_one_forward_equals_the_library_and_packing_changes_nothing(dit, process
         torch.testing.assert_close(video, alone[0], **TOL)
 
 
+def test_the_second_half_in_pieces_changes_nothing(dit, processor, encoder) -> None:
+    """`BlockKernels.rows`: the blocks' second half (norm, feed-forward, residual: per row) on pieces of
+    at most that many rows gives the velocities of one call over all rows, whatever the pieces' edges."""
+    samples = [
+        prepared(dit, processor, encoder, "a red apple on a wooden table", "p1", seed=1, steps=3),
+        prepared(dit, processor, encoder, "birds", "p2", seed=3, steps=4),
+    ]
+    dit.model.start(samples)
+    inputs = [dit.model._packed_input(s.state, step) for s, step in zip(samples, [0, 2])]
+    transformer = dit.model.pipe.transformer
+    whole = forward_packed(transformer, inputs, kernels=BlockKernels(rows=10**9))
+    total = sum(item.length for item in inputs)
+    for rows in (total // 3, 97, total - 1):
+        for (video, audio), (video_p, audio_p) in zip(whole, forward_packed(transformer, inputs, kernels=BlockKernels(rows=rows))):
+            torch.testing.assert_close(video_p, video, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(audio_p, audio, rtol=1e-6, atol=1e-6)
+
+
 def test_compiled_blocks_equal_eager_ones(dit, processor, encoder) -> None:
     """The ``compile`` option's blocks (`BlockKernels.compiled`, inductor on CPU here) give the eager
     blocks' velocities, for one request and for three whose row count differs (a new shape), with
@@ -133,9 +152,10 @@ def test_compiled_blocks_equal_eager_ones(dit, processor, encoder) -> None:
     inputs = [dit.model._packed_input(s.state, step) for s, step in zip(samples, [0, 3, 1])]
     transformer = dit.model.pipe.transformer
     compiled = BlockKernels.compiled()
-    for batch in (inputs[:1], inputs):
+    pieces = attrs.evolve(compiled, rows=sum(item.length for item in inputs) // 2 + 1)  # the second half in two calls
+    for batch, kernels in ((inputs[:1], compiled), (inputs, compiled), (inputs, pieces)):
         eager_out = forward_packed(transformer, batch)
-        compiled_out = forward_packed(transformer, batch, kernels=compiled)
+        compiled_out = forward_packed(transformer, batch, kernels=kernels)
         for (video, audio), (video_c, audio_c) in zip(eager_out, compiled_out):
             torch.testing.assert_close(video_c, video, **TOL)
             torch.testing.assert_close(audio_c, audio, **TOL)
