@@ -1,16 +1,16 @@
-"""MiniMax-H3: one DiT block over four 480p requests' rows, its second half in one call or in pieces.
+"""MiniMax-H3: one DiT block over four 480p requests' rows, in one call or in groups of requests.
 
     python bench/minimax_block_memory.py                           # CPU, float32, 1/7 of the released width
     python bench/minimax_block_memory.py --device cuda --dtype bfloat16 --width 1   # the released width, one GPU
 
-The dit stage runs each block's second half (the modulated norm, the SwiGLU feed-forward, the gated
-residual: per row) on at most `BlockKernels.rows` rows at a time (`omni_minimax_h3.packed`): its
-feed-forward intermediate is then that of about one request, not of every request in the step.
-This measures what that saves: the block (`MiniMaxH3Transformer3DModel`'s block at ``--width`` times
+The dit stage runs each block on groups of consecutive requests of at most `BlockKernels.rows`
+rows (`omni_minimax_h3.packed.run_block`: every op but attention is per row, attention is per
+request), the block's second half in pieces of at most that many: its activations are then those
+of about one request, not of every request in the step. This measures what that saves: the block (`MiniMaxH3Transformer3DModel`'s block at ``--width`` times
 the released 5376 / 56 heads / SwiGLU 14336, the same ratios) runs on ``--requests`` requests of
 ``--rows`` rows each (14,851: a 832x480, 124-frame t2va request's packed rows), with attention per
-request, once with the second half in one call ("whole", the baseline) and once in pieces of
-`FEED_FORWARD_ROWS`. Each configuration runs in its own process (so one's peak is not the other's):
+request, once in one call over every row ("one call", the baseline: what the stage did before) and
+once in groups of at most `BLOCK_ROWS` rows. Each configuration runs in its own process (so one's peak is not the other's):
 peak memory growth over the inputs (CPU: the process's maximum RSS; CUDA:
 ``torch.cuda.max_memory_allocated``), time, and whether the outputs are equal.
 """
@@ -53,9 +53,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
         adaln = torch.zeros(total, dtype=torch.long, device=device)
         kernels = BlockKernels(rows=args.pieces or 10**12)
         block = model.transformer_blocks[0]
-        run_block(block, x[:, : args.rows], temb, adaln[: args.rows], (rotary[0][: args.rows], rotary[1][: args.rows]),
-                  Segments.of_lengths([args.rows]), kernels)  # warm-up on one request
-        if cuda:
+        if cuda:  # (a warm-up on one request: kernels and workspaces; not on CPU, whose peak RSS would keep it)
+            run_block(block, x[:, : args.rows], temb, adaln[: args.rows], (rotary[0][: args.rows], rotary[1][: args.rows]),
+                      Segments.of_lengths([args.rows]), kernels)
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
@@ -84,18 +84,18 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args)))
         return
-    from omni_minimax_h3.packed import FEED_FORWARD_ROWS
+    from omni_minimax_h3.packed import BLOCK_ROWS
 
     results = {}
-    for label, pieces in (("whole", None), (f"pieces of {FEED_FORWARD_ROWS}", FEED_FORWARD_ROWS)):
+    for label, pieces in (("one call", None), (f"groups of <= {BLOCK_ROWS} rows", BLOCK_ROWS)):
         command = [sys.executable, __file__, "--child", "--device", args.device, "--dtype", args.dtype, "--width", str(args.width),
                    "--rows", str(args.rows), "--requests", str(args.requests)] + (["--pieces", str(pieces)] if pieces else [])
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
-    whole = results["whole"]
+    whole = results["one call"]
     print(f"## One MiniMax-H3 block, {args.requests} requests x {args.rows} rows, {args.device}, {args.dtype}, "
           f"hidden {whole['hidden']} ({whole['heads']} heads), {args.width:.3g}x the released widths\n")
-    print("| second half | peak growth (GiB) | vs whole | time (s) | vs whole | output equal |")
+    print("| block | peak growth (GiB) | vs one call | time (s) | vs one call | output equal |")
     print("|---|---:|---:|---:|---:|---|")
     for label, r in results.items():
         print(f"| {label} | {r['peak_gib']:.2f} | {r['peak_gib'] / whole['peak_gib']:.2f}x | {r['seconds']:.2f} | "

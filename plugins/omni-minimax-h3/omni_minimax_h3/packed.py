@@ -112,6 +112,18 @@ class Segments:
         rank = self.parallel.ulysses_rank
         return [max(0, min(end - start, length - rank * (end - start))) for (start, end), length in zip(self.spans, self.lengths)]
 
+    def groups(self, rows: int) -> list[list[int]]:
+        """Consecutive requests, as many to a group as fit in `rows` rows (a larger request alone)."""
+        groups: list[list[int]] = []
+        used = 0
+        for index, (start, end) in enumerate(self.spans):
+            if not groups or used + end - start > rows:
+                groups.append([])
+                used = 0
+            groups[-1].append(index)
+            used += end - start
+        return groups
+
     def select(self, chosen: list[int]) -> Segments:
         """The layout of requests `chosen` alone (their shares kept, packed end to end)."""
         shares = [self.spans[i][1] - self.spans[i][0] for i in chosen]
@@ -202,7 +214,7 @@ def block_after_attention(
     return hidden_states + gate_mlp.index_select(0, adaln_indices) * block.ff(norm_hidden_states)
 
 
-FEED_FORWARD_ROWS = 16384  # rows per call of a block's second half (`BlockKernels.rows`)
+BLOCK_ROWS = 16384  # rows a block runs on at a time (`BlockKernels.rows`)
 
 
 @attrs.frozen
@@ -216,15 +228,15 @@ class BlockKernels:
     compiled graph serves every block (and the row count is a dynamic dimension after its first
     change: requests join and leave the step).
 
-    The second half runs on at most `rows` rows at a time (every op in it is per row): its
-    feed-forward's intermediate (two ``ffn_dim``-wide rows for each row of the step) is then that of
-    one 480p request, however many share the step, instead of growing with them; a matrix product
-    of 16,384 rows already fills a GPU, so the pieces cost no speed.
+    A block runs on at most about `rows` rows at a time (`run_block`): its activations (queries,
+    keys, values, the feed-forward's two ``ffn_dim``-wide rows for each row) are then those of one
+    480p request, however many share the step, instead of growing with them; a matrix product of
+    16,384 rows already fills a GPU, so the pieces cost no speed.
     """
 
     before: Any = block_before_attention
     after: Any = block_after_attention
-    rows: int = FEED_FORWARD_ROWS
+    rows: int = BLOCK_ROWS
 
     @classmethod
     def compiled(cls) -> BlockKernels:
@@ -251,7 +263,26 @@ def run_block(
     block: Any, hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor,
     rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, kernels: BlockKernels = EAGER,
 ) -> torch.Tensor:
-    """`MiniMaxH3TransformerBlock.forward` over several requests' rows, attention per request."""
+    """`MiniMaxH3TransformerBlock.forward` over several requests' rows, attention per request: on
+    groups of consecutive requests of at most ``kernels.rows`` rows (`Segments.groups`; every op but
+    attention is per row, attention per request), the second half in pieces of at most that many.
+    Under Ulysses the step's rows stay one group (attention's all-to-all spans them); only the
+    second half is in pieces."""
+    groups = rows.groups(kernels.rows) if rows.parallel.ulysses == 1 else [list(range(len(rows.spans)))]
+    if len(groups) == 1:
+        return _run_group(block, hidden_states, temb, adaln_indices, rotary_emb, rows, kernels)
+    outputs = []
+    for chosen in groups:
+        start, end = rows.spans[chosen[0]][0], rows.spans[chosen[-1]][1]
+        cos, sin = rotary_emb[0][start:end], rotary_emb[1][start:end]
+        outputs.append(_run_group(block, hidden_states[:, start:end], temb, adaln_indices[start:end], (cos, sin), rows.select(chosen), kernels))
+    return torch.cat(outputs, dim=1)
+
+
+def _run_group(
+    block: Any, hidden_states: torch.Tensor, temb: torch.Tensor, adaln_indices: torch.Tensor,
+    rotary_emb: tuple[torch.Tensor, torch.Tensor], rows: Segments, kernels: BlockKernels,
+) -> torch.Tensor:
     query, key, value, tables = kernels.before(block, hidden_states, temb, adaln_indices, *rotary_emb)
     out = attend(rows, query, key, value)
     del query, key, value  # (freed before the feed-forward's intermediate is made)

@@ -119,9 +119,10 @@ def test_one_forward_equals_the_library_and_packing_changes_nothing(dit, process
         torch.testing.assert_close(video, alone[0], **TOL)
 
 
-def test_the_second_half_in_pieces_changes_nothing(dit, processor, encoder) -> None:
-    """`BlockKernels.rows`: the blocks' second half (norm, feed-forward, residual: per row) on pieces of
-    at most that many rows gives the velocities of one call over all rows, whatever the pieces' edges."""
+def test_blocks_in_groups_and_pieces_change_nothing(dit, processor, encoder) -> None:
+    """`BlockKernels.rows`: each block on groups of requests of at most that many rows (one request
+    alone where it is larger, its second half then in pieces) gives the velocities of one call over
+    every row, whatever the groups' and the pieces' edges."""
     samples = [
         prepared(dit, processor, encoder, "a red apple on a wooden table", "p1", seed=1, steps=3),
         prepared(dit, processor, encoder, "birds", "p2", seed=3, steps=4),
