@@ -14,7 +14,9 @@ no ``transformer_ref/``). Then, in ONE process (peak memory reset per configurat
 
 1. diffusers' `MiniMaxH3ModularPipeline` (it takes one prompt per call): the N requests one after
    the other ("sequential");
-2. Omni (``encoder`` + ``dit`` stages, inline placement) at concurrency 1 and N, cache off;
+2. Omni (``encoder`` + ``dit`` stages, inline placement) at concurrency 1 and N, cache off (with
+   ``--max-batch-tokens K``, each repeat at N again with the dit's token budget of K requests' rows,
+   on the same loaded stage);
 3. Omni at concurrency N with first-block caching at each ``--cache-thresholds`` value;
 
 each configuration ``--repeats`` times (the spread is reported). Every request: t2va, the
@@ -351,7 +353,7 @@ class OmniSystem:
     """Omni: the minimax-h3 family's pipeline (encoder + dit), both stages inline, no entry points needed."""
 
     def __init__(self, model: str, device: str, dtype: str, max_num_seqs: int, stride: int, quantization: str | None = None,
-                 compile: bool = False, max_batch_tokens: int | None = None) -> None:
+                 compile: bool = False) -> None:
         import omni_minimax_h3.plugin
 
         from omni_core import Omni
@@ -366,19 +368,25 @@ class OmniSystem:
             overrides.append(f"dit.quantization={quantization}")
         if compile:
             overrides.append("dit.compile=true")
-        if max_batch_tokens is not None:
-            overrides.append(f"dit.max_batch_tokens={max_batch_tokens}")
         self.omni = Omni(resolve(model, overrides=overrides, plugins=host))
         self.stride = stride
         self.system = f"omni+{quantization}" if quantization else "omni"
-        if max_batch_tokens is not None:
-            self.system += f", max_batch_tokens={max_batch_tokens}"
+
+    def _dit(self) -> Any:
+        """The ``dit`` stage's runtime (inline placement: a thread of this process). The engine has no
+        public accessor for a replica's runtime; this bench reads down to it."""
+        return self.omni._omni.engine.groups["dit"].replicas[0].worker.runtime
 
     def transformer(self) -> Any:
-        """The ``dit`` stage's transformer (inline placement: a thread of this process), for `ForwardTimer`.
-        The engine has no public accessor for a replica's model part; this bench reads down to it."""
-        replica = self.omni._omni.engine.groups["dit"].replicas[0]
-        return replica.worker.runtime.model.pipe.transformer
+        """The ``dit`` stage's transformer, for `ForwardTimer`."""
+        return self._dit().model.pipe.transformer
+
+    def set_max_batch_tokens(self, tokens: int | None) -> None:
+        """The ``dit`` stage's ``max_batch_tokens`` option on the loaded stage (it reads the option at
+        every step), so the budget's rows need no second load; between runs only."""
+        runtime = self._dit()
+        runtime.options = attrs.evolve(runtime.options, max_batch_tokens=tokens)
+        self.system = "omni" if tokens is None else f"omni, max_batch_tokens={tokens}"
 
     @staticmethod
     def request(index: int, size: tuple[int, int], steps: int, cache: float | None) -> Any:
@@ -748,10 +756,16 @@ def run(args: argparse.Namespace) -> Report:
         omni.omni.generate([OmniSystem.request(0, size, 2, None)])  # warm-up, alone and with N (compiled: both shapes)
         omni.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])
         log("omni loaded and warm")
+        # The dit's token budget, K requests' rows: on the same loaded stage, after each repeat at N.
+        budget = int(args.max_batch_tokens * sum(report.meta["rows"])) if args.max_batch_tokens is not None else None
         for repeat in range(args.repeats):
             if not args.skip_c1:
                 measured(f"omni c1 #{repeat}", lambda: omni.run(1, 1, repeat, size, steps, memory, timer))
             measured(f"omni c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
+            if budget is not None:
+                omni.set_max_batch_tokens(budget)
+                measured(f"omni max_batch_tokens={budget} c{n} #{repeat}", lambda: omni.run(n, n, repeat, size, steps, memory, timer))
+                omni.set_max_batch_tokens(None)
             for threshold in args.cache_thresholds:
                 measured(f"omni+cache {threshold} c{n} #{repeat}",
                          lambda: omni.run(n, n, repeat, size, steps, memory, timer, cache=threshold))
@@ -776,9 +790,6 @@ def run(args: argparse.Namespace) -> Report:
         finally:
             system.close()
 
-    if args.max_batch_tokens is not None:  # the dit's token budget: K requests' rows
-        budget = int(args.max_batch_tokens * sum(report.meta["rows"]))
-        variant(f"max_batch_tokens={budget}", max_batch_tokens=budget)
     if args.quantization:  # the dit stage's quantization option
         variant(args.quantization, quantization=args.quantization)
     if cuda and preset.widths == "released":
