@@ -2,6 +2,7 @@
 
     python bench/minimax_block_memory.py                           # CPU, float32, 1/7 of the released width
     python bench/minimax_block_memory.py --device cuda --dtype bfloat16 --width 1   # the released width, one GPU
+    OMNI_BENCH=minimax_block_memory bash bench/gpu/run.sh h200 --width 1           # the same on the device machine
 
 The dit stage runs each block on groups of consecutive requests of at most `BlockKernels.rows`
 rows (`omni_minimax_h3.packed.run_block`: every op but attention is per row, attention is per
@@ -78,6 +79,7 @@ def main() -> None:
     parser.add_argument("--width", type=float, default=1 / 7, help="fraction of the released widths")
     parser.add_argument("--rows", type=int, default=14851, help="rows of one request (832x480, 124 frames)")
     parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--preset", default=None, help="ignored (bench/gpu/run.sh passes one; --width sets the widths)")
     parser.add_argument("--pieces", type=int, default=None, help=argparse.SUPPRESS)  # (set per child process)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
