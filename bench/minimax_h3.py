@@ -772,14 +772,13 @@ def run(args: argparse.Namespace) -> Report:
         timer.close()
     finally:
         omni.close()
-    omni = timer = None  # (the variants below load their own; this one's memory must go first)
-
-    def variant(label: str, **options: Any) -> None:
-        """Omni at concurrency N with other dit options: a fresh load, the previous one's memory freed."""
+    omni = timer = None  # (the quantized load below must not hold this one's memory)
+    if args.quantization:  # the dit stage's quantization option: other weights, a fresh load
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-        system = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, compile=args.compile, **options)
+        label = args.quantization
+        system = OmniSystem(model, args.device, args.dtype, max_num_seqs=n, stride=stride, compile=args.compile, quantization=label)
         try:
             forwards = ForwardTimer(system.transformer(), args.device)
             system.omni.generate([OmniSystem.request(i, size, 2, None) for i in range(n)])  # warm-up
@@ -789,9 +788,6 @@ def run(args: argparse.Namespace) -> Report:
             forwards.close()
         finally:
             system.close()
-
-    if args.quantization:  # the dit stage's quantization option
-        variant(args.quantization, quantization=args.quantization)
     if cuda and preset.widths == "released":
         report.meta["fit"] = fit_note(report, torch.cuda.get_device_properties(args.device).total_memory / 2**30)
     report.meta["total_s"] = time.perf_counter() - t0

@@ -188,6 +188,9 @@ class MiniMaxH3DiT(DiffusionModel):
         references = list(params.get("references") or ())
         default_size = keyframes[0].size if keyframes else None
         request = parse_request(params, self.geometry, default_size=default_size)
+        transformer = "transformer_ref" if references else "transformer"
+        if getattr(self.pipe, transformer, None) is None:  # (before any work on the references or the embeddings)
+            raise InvalidRequestError(f"this checkpoint has no {transformer}/ for {'ref2va' if references else 't2va/fl2va'}", param="references")
         if references:
             references = self._normalized_references(request, references)
         prompt_embeds = torch.as_tensor(np.asarray(embeds) if not isinstance(embeds, torch.Tensor) else embeds)
@@ -203,11 +206,9 @@ class MiniMaxH3DiT(DiffusionModel):
             token_tags=tags,
             keyframes=keyframes,
             keyframe_anchors=tuple(params.get("keyframe_anchors") or ()),
-            transformer="transformer_ref" if references else "transformer",
+            transformer=transformer,
             references=references,
         )
-        if getattr(self.pipe, state.transformer, None) is None:
-            raise InvalidRequestError(f"this checkpoint has no {state.transformer}/ for {'ref2va' if references else 't2va/fl2va'}", param="references")
         schedule = copy.deepcopy(self.pipe.scheduler)
         schedule.set_timesteps(request.num_inference_steps)
         tokens = self._tokens(request, int(prompt_embeds.shape[1]), len(keyframes), references)
