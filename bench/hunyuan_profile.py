@@ -129,14 +129,14 @@ def main() -> None:
             quantized = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
             difference_q = float((model.velocity(cache, latents, timestep).float() - before).abs().max() / before.abs().max())
             quantized_moe = timed(device, lambda: layer.mlp(hidden), args.repeats)
-        # The VAE decode after the last step (fp32, one image per call, as the dit stage and the
-        # reference pipeline both run it: `omni_hunyuan.vae.decode_latents`), for one image.
+        # The VAE decode after the last step (fp32 weights, under fp16 autocast on CUDA, one image per
+        # call, as the dit stage and the reference pipeline both run it: `omni_hunyuan.vae.decode_latents`).
         from omni_hunyuan.vae import build_vae, decode_latents
 
         with torch.device(device):
             vae = build_vae(config.vae).float().eval()
         image_latent = latents[:1].float()
-        parts["VAE decode (fp32) of one image, after the last step"] = timed(
+        parts["VAE decode of one image (fp16 autocast on CUDA), after the last step"] = timed(
             device, lambda: decode_latents(vae, image_latent, config.vae), max(1, args.repeats // 2))
         vae = None  # (freed before the profile)
 

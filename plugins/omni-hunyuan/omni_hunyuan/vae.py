@@ -81,7 +81,7 @@ def build_vae(vae_config: Mapping[str, Any]) -> Any:
 
 
 def load_vae(model_path: str | Path, vae_config: Mapping[str, Any], device: str = "cpu") -> Any:
-    """The VAE with the checkpoint's ``vae.*`` weights, fp32 (decoding in fp32 keeps 8-bit images exact)."""
+    """The VAE with the checkpoint's ``vae.*`` weights in fp32 (`decode_latents` autocasts on CUDA)."""
     from omni_hunyuan.weights import read_tensors
 
     vae = build_vae(vae_config)
@@ -97,15 +97,19 @@ def decode_latents(vae: Any, latents: torch.Tensor, vae_config: Mapping[str, Any
     """Scaled latents ``[B, C, h, w]`` -> uint8 images ``[B, H, W, 3]``, as the release decodes them.
 
     Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode one latent frame,
-    map [-1, 1] to [0, 255] and round.
+    map [-1, 1] to [0, 255] and round. On CUDA the decode runs under fp16 autocast, as the release
+    pipeline's does (nemo-automodel's port keeps it: the reference in `bench/hunyuan_image3.py`);
+    elsewhere it runs in the VAE's dtype (fp32: what the CPU tests compare bit for bit).
     """
     latents = latents.float() / float(vae_config.get("scaling_factor") or 1.0)
     if vae_config.get("shift_factor"):
         latents = latents + float(vae_config["shift_factor"])
     dtype = next(vae.parameters()).dtype
+    on_cuda = latents.device.type == "cuda"
     # One latent at a time: diffusers 0.42's HunyuanVideo15 mid-block attention builds a mask that
     # does not broadcast over a batch of more than one.
-    frames = torch.cat([vae.decode(z[None].unsqueeze(2).to(dtype)).sample for z in latents])
+    with torch.autocast(device_type=latents.device.type, dtype=torch.float16, enabled=on_cuda):
+        frames = torch.cat([vae.decode(z[None].unsqueeze(2).to(dtype)).sample for z in latents])
     image = frames[:, :, -1].float()
     image = (image / 2 + 0.5).clamp(0, 1)
     return (image.permute(0, 2, 3, 1) * 255).round().to(torch.uint8)
