@@ -361,7 +361,9 @@ class OmniSystem:
         from omni_core.plugins import load_plugins
 
         host = load_plugins(entry_points=(), extra_plugins=[omni_minimax_h3.plugin])
+        # (no token budget: the plain rows batch every request; `set_max_batch_tokens` sets one)
         overrides = ["streaming=false", "encoder.placement=inline", "dit.placement=inline", f"dit.max_num_seqs={max_num_seqs}",
+                     "dit.max_batch_tokens=null",
                      f"encoder.max_batch_size={max_num_seqs}", f"encoder.dtype={dtype}", f"encoder.device={device}",
                      f"dit.dtype={dtype}", f"dit.device={device}"]
         if quantization:

@@ -183,3 +183,15 @@ def test_a_token_budget_of_one_request_runs_them_one_after_another(pipeline, dit
     for rid in requests:  # (a batched forward rounds differently: within one 8-bit level, as in test_equality)
         assert np.abs(alone[rid]["video"].astype(int) - together[rid]["video"].astype(int)).max() <= 1, rid
         np.testing.assert_allclose(alone[rid]["audio"], together[rid]["audio"], rtol=1e-4, atol=1e-5, err_msg=rid)
+
+
+def test_the_default_deploy_budget_runs_480p_requests_alone_and_batches_small_ones(pipeline, dit, processor, encoder) -> None:
+    """The default deploy's ``max_batch_tokens``: one 832x480, 5 s t2va request fits it and two do not
+    (they run one after another, as the test above shows a budget does); four requests at the tiny
+    checkpoint's default size fit together."""
+    budget = pipeline.stage("dit").options["max_batch_tokens"]
+    inputs = stage_inputs(processor, encoder, {"wide": request("waves at dusk", size=(832, 480)), "small": request("a cat")})
+    tokens = {rid: dit.model.prepare(rid, dict(item.data), dict(item.params))[0].tokens for rid, item in inputs.items()}
+    assert tokens["wide"] - 414 - 14430 < 64  # (14,430 video and 414 audio rows, the rest the prompt's)
+    assert tokens["wide"] <= budget < 2 * tokens["wide"]
+    assert 4 * tokens["small"] <= budget
