@@ -6,8 +6,8 @@
 Under a token budget (`max_batch_tokens` of one request's rows) the dit stage denoises requests one
 after another and decodes each as it finishes, between two denoising steps of the next. This
 measures what running that decode on a second CUDA stream, from a second thread, while the next
-request denoises, would give: one DiT block at the released widths (`BLOCKS` calls on one 480p
-request's 14,851 rows stand for the request's 19 forwards through ``--blocks`` blocks) and the video
+request denoises, would give: one DiT block at the released widths (``--blocks`` x ``--steps`` calls
+on one 480p request's 14,851 rows stand for its 19 forwards through 4 blocks) and the video
 VAE's decode of one 480p, 124-frame request (diffusers' `AutoencoderKLMiniMaxH3`, released config,
 random weights, in the dtype layout `from_pretrained` gives), each alone and both at once, with the
 denoising stream at the default and at a high priority. ``hidden`` is the share of the decode's
