@@ -249,7 +249,8 @@ class BlockKernels:
         total = hidden_states.shape[1]
         if total <= self.rows:
             return self.after(block, hidden_states, out, tables, adaln_indices)
-        size = -(-total // -(-total // self.rows))
+        pieces = -(-total // self.rows)  # (ceiling divisions)
+        size = -(-total // pieces)
         return torch.cat([
             self.after(block, hidden_states[:, start : start + size], out[:, start : start + size], tables, adaln_indices[start : start + size])
             for start in range(0, total, size)
