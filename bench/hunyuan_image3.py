@@ -31,7 +31,8 @@ the VAE and the text prefix are left out.
 - *MFU* = images/s x model FLOPs per image / the measured bf16 matmul ceiling (wall time: everything
   a request costs is in the denominator).
 - *HFU* = the FLOPs each system executes: the reference runs the whole sequence (prefix, ``<timestep>``,
-  image, ``<eoi>``) at every step; Omni runs the prefix once per request, then the image tokens.
+  image, ``<eoi>``) at every step; Omni runs the prefix once per request, then the image tokens, and
+  the patch embedder once per image and step (both CFG rows embed the same latents).
 
 Results: ``$OUT/hunyuan-image3-<preset>.md`` and ``.json``. Not a test.
 """
@@ -120,16 +121,16 @@ class Flops:
         # 3x3 convs latent->patch, patch->hidden, hidden->hidden, 1x1 skip patch->hidden; then
         # hidden->patch, patch->patch, 1x1 skip hidden->patch, patch->latent.
         latent, patch = config.latent_channels, config.patch_embed_hidden_dim
-        self.unet_per_pixel = 2 * (9 * (latent * patch + patch * hidden + hidden * hidden) + patch * hidden
-                                   + 9 * (hidden * patch + patch * patch + patch * latent) + hidden * patch)
+        self.down_per_pixel = 2 * (9 * (latent * patch + patch * hidden + hidden * hidden) + patch * hidden)
+        self.up_per_pixel = 2 * (9 * (hidden * patch + patch * patch + patch * latent) + hidden * patch)
         self.pixels = side * side
 
     def attention(self, queries: int, keys: int) -> float:
         return 4.0 * queries * keys * self.heads_dim
 
     def unet(self) -> float:
-        """The patch embedder and head of every row and step (both systems run them so)."""
-        return float(self.rows * self.steps * self.pixels * self.unet_per_pixel)
+        """The patch embedder and head of every row and step (as the reference runs them)."""
+        return float(self.rows * self.steps * self.pixels * (self.down_per_pixel + self.up_per_pixel))
 
     def model(self) -> float:
         """Credited: the new tokens of every step through the layers, and the UNet embedder and head."""
@@ -137,9 +138,11 @@ class Flops:
         return float(self.layers * self.rows * self.steps * per_row) + self.unet()
 
     def omni(self) -> float:
-        """Executed by Omni: the prefix once (causal, half its attention), then `model`."""
+        """Executed by Omni: the prefix once (causal, half its attention), then `model`, less the
+        patch embedder of all but one row a step (a sample's CFG rows share its input)."""
         prefix = self.prefix * self.linear_per_token + self.attention(self.prefix, self.prefix) / 2
-        return self.model() + self.layers * self.rows * prefix
+        shared = (self.rows - 1) * self.steps * self.pixels * self.down_per_pixel
+        return self.model() + self.layers * self.rows * prefix - shared
 
     def reference(self) -> float:
         """Executed by the reference: the whole row (prefix, <timestep>, image, <eoi>) at every step,

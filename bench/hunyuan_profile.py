@@ -82,15 +82,21 @@ def main() -> None:
     lengths = [args.prefix + 2 * i for i in range(args.requests)]  # prompts of different lengths, as served
     with torch.no_grad():
         cache = PrefixCache.concat([model.encode_prefix(torch.randint(0, config.vocab_size, (2, n), device=device)) for n in lengths])
-        latents = torch.randn(rows, config.latent_channels, side, side, device=device, dtype=dtype)
-        timestep = torch.full((rows,), 500.0, device=device)
-        forward = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
+        # One latent and timestep per request, embedded once for its two rows (as the dit stage runs it).
+        latents = torch.randn(args.requests, config.latent_channels, side, side, device=device, dtype=dtype)
+        timestep = torch.full((args.requests,), 500.0, device=device)
+        repeats = [2] * args.requests
+
+        def velocity() -> Any:
+            return model.velocity(cache, latents, timestep, repeats=repeats)
+
+        forward = timed(device, velocity, args.repeats)
         compiled = difference = None
         if args.compile:
-            eager = model.velocity(cache, latents, timestep).float()
+            eager = velocity().float()
             model.compile_layers()
-            compiled = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
-            difference = float((model.velocity(cache, latents, timestep).float() - eager).abs().max() / eager.abs().max())
+            compiled = timed(device, velocity, args.repeats)
+            difference = float((velocity().float() - eager).abs().max() / eager.abs().max())
 
         # The parts alone, on one layer's shapes.
         tokens = 1 + side * side
@@ -114,8 +120,9 @@ def main() -> None:
             "attention, ImageRowsMask (as run)": timed(device, lambda: layout.attend(q, new_k, new_v, past), args.repeats),
             "attention, one unmasked call": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.repeats),
             "MoE (router, experts, shared)": timed(device, lambda: layer.mlp(hidden), args.repeats),
-            "UNet embedder and head, one forward": timed(device, lambda: model.final_layer(
-                model.patch_embed(latents, model.time_embed(timestep).to(dtype)), model.time_embed_2(timestep).to(dtype), side, side), args.repeats),
+            "UNet embedder (once per request) and head (per row), one forward": timed(device, lambda: model.final_layer(
+                model.patch_embed(latents, model.time_embed(timestep).to(dtype)).repeat_interleave(2, dim=0),
+                model.time_embed_2(timestep.repeat_interleave(2)).to(dtype), side, side), args.repeats),
             "qkv + o projections": timed(device, lambda: layer.self_attn.o_proj(layer.self_attn.qkv_proj(hidden)[..., : config.num_heads * config.head_dim]), args.repeats),
         }
         quantized = quantized_moe = None
@@ -124,21 +131,32 @@ def main() -> None:
             from omni_core import quantization
             from omni_hunyuan.quantized import quantize_layers
 
-            before = model.velocity(cache, latents, timestep).float()
+            before = velocity().float()
             quantize_layers(model, getattr(quantization, f"resolve_{args.quantization}")("diffusion", {}))
-            quantized = timed(device, lambda: model.velocity(cache, latents, timestep), args.repeats)
-            difference_q = float((model.velocity(cache, latents, timestep).float() - before).abs().max() / before.abs().max())
+            quantized = timed(device, velocity, args.repeats)
+            difference_q = float((velocity().float() - before).abs().max() / before.abs().max())
             quantized_moe = timed(device, lambda: layer.mlp(hidden), args.repeats)
-        # The VAE decode after the last step (fp32 weights, under fp16 autocast on CUDA, one image per
-        # call, as the dit stage and the reference pipeline both run it: `omni_hunyuan.vae.decode_latents`).
-        from omni_hunyuan.vae import build_vae, decode_latents
+        # The VAE decode after the last step (fp32 weights, under fp16 autocast on CUDA): diffusers' 3-D
+        # VAE one image a call (what the reference pipeline runs), then the dit stage's `ImageDecoder`
+        # (`omni_hunyuan.vae.decode_latents`), one image and all the requests' images in one call.
+        from omni_hunyuan.vae import ImageDecoder, build_vae, decode_latents
 
         with torch.device(device):
             vae = build_vae(config.vae).float().eval()
-        image_latent = latents[:1].float()
-        parts["VAE decode of one image (fp16 autocast on CUDA), after the last step"] = timed(
-            device, lambda: decode_latents(vae, image_latent, config.vae), max(1, args.repeats // 2))
-        vae = None  # (freed before the profile)
+        decoder = ImageDecoder.from_vae(vae)
+        image_latent, image_latents = latents[:1].float(), latents.float()
+
+        def diffusers_decode() -> Any:
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.float16, enabled=device.startswith("cuda")):
+                return vae.decode(image_latent.unsqueeze(2)).sample
+
+        vae_repeats = max(1, args.repeats // 2)
+        parts["VAE decode, diffusers' 3-D VAE (the reference's), one image, after the last step"] = timed(device, diffusers_decode, vae_repeats)
+        parts["VAE decode, ImageDecoder (the dit stage's), one image, after the last step"] = timed(
+            device, lambda: decode_latents(decoder, image_latent, config.vae), vae_repeats)
+        parts[f"VAE decode, ImageDecoder, {args.requests} images in one call, per image, after the last step"] = timed(
+            device, lambda: decode_latents(decoder, image_latents, config.vae), vae_repeats) / args.requests
+        vae = decoder = None  # (freed before the profile)
 
         profile = ""
         if device.startswith("cuda"):
@@ -146,7 +164,7 @@ def main() -> None:
 
             with record(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(2):
-                    model.velocity(cache, latents, timestep)
+                    velocity()
                 synchronize(device)
             profile = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
 

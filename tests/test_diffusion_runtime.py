@@ -107,6 +107,9 @@ def test_progress_chunks_then_one_final_chunk_with_consistent_indexes():
     quiet = make_runtime(streaming=False)
     quiet.add_request("a", StageInput({}, params={"num_inference_steps": 3}))
     assert [c.final for c in drain(quiet)] == [True]
+    terse = make_runtime(progress=False)  # one progress chunk only: the request started
+    terse.add_request("a", StageInput({}, params={"num_inference_steps": 3}))
+    assert [(c.data.get("progress"), c.final) for c in drain(terse)] == [({"step": 1, "total": 3}, False), (None, True)]
 
 
 def test_n_samples_become_one_final_chunk_with_a_list():

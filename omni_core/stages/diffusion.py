@@ -103,7 +103,11 @@ class DiffusionOptions:
         metadata={"doc": "The tile size in pixels with `vae_tiling` (``None``: the VAE's default)."},
     )
     progress: bool = attrs.field(
-        default=True, metadata={"doc": "Emit a ``progress`` chunk per request per step (when streaming)."}
+        default=True,
+        metadata={
+            "doc": "Emit a ``progress`` chunk per request per step (when streaming); off, only the first one, which "
+            "says the request started (a video job's ``in_progress``)."
+        },
     )
     compile: bool = attrs.field(
         default=False,
@@ -137,6 +141,7 @@ class _Request:
     samples: list[DiffusionSample]
     outputs: dict[int, dict[str, Any]] = attrs.field(factory=dict)
     chunks: int = 0
+    announced: bool = False  # a progress chunk went out (with `progress` off: the one that says it started)
 
 
 # The options `load` receives through `LoadSpec` and when a stage sets them (`DiffusionModel.load_options`).
@@ -373,11 +378,12 @@ class DiffusionStageRuntime(StageRuntime):
         for request_id, request in list(self._requests.items()):
             if len(request.outputs) == len(request.samples):
                 chunks.append(self._final(request_id, request))
-            elif self.streaming and self.options.progress and any(s.started for s in request.samples):
+            elif self.streaming and any(s.started for s in request.samples) and (self.options.progress or not request.announced):
                 done = sum(s.step for s in request.samples)
                 total = sum(s.total_steps for s in request.samples)
                 chunks.append(Chunk(request_id, self.stage.name, request.chunks, {"progress": {"step": done, "total": total}}))
                 request.chunks += 1
+                request.announced = True
         return chunks
 
     def _final(self, request_id: str, request: _Request) -> Chunk:

@@ -72,7 +72,7 @@ class HunyuanDiT(DiffusionModel):
     def load(self, spec: LoadSpec) -> None:
         from transformers import AutoTokenizer
 
-        from omni_hunyuan.vae import load_vae
+        from omni_hunyuan.vae import load_image_decoder
         from omni_hunyuan.weights import SharedBackboneError, load_transformer
 
         path = self.context.model_path
@@ -92,7 +92,7 @@ class HunyuanDiT(DiffusionModel):
             quantize_layers(self.transformer, spec.quantization)
         if spec.compile:
             self.transformer.compile_layers()
-        self.vae = load_vae(path, self.config.vae, device=spec.device)
+        self.decoder = load_image_decoder(path, self.config.vae, device=spec.device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, self.config.image_base_size)
         template = self.defaults.get("sequence_template", "pretrain")
@@ -206,10 +206,9 @@ class HunyuanDiT(DiffusionModel):
         dtype = self.transformer.model.wte.weight.dtype
         prefixes = [state.prefix for state in states]
         rows = [prefix.ids.shape[0] for prefix in prefixes]
-        latents = torch.cat([state.latents.expand(n, -1, -1, -1) for state, n in zip(states, rows)]).to(dtype)
-        timesteps = torch.cat(
-            [(state.sigmas[sample.step] * 1000).repeat(n) for sample, state, n in zip(samples, states, rows)]
-        )
+        # One latent and timestep per sample: its rows share them (`velocity`'s `repeats`).
+        latents = torch.cat([state.latents for state in states]).to(dtype)
+        timesteps = torch.stack([state.sigmas[sample.step] * 1000 for sample, state in zip(samples, states)])
         caches = [prefix.cache for prefix in prefixes]
         assert all(cache is not None for cache in caches)
         # Row r of a sample is its CFG branch r (cond, uncond): first-block caching decides per row.
@@ -217,7 +216,7 @@ class HunyuanDiT(DiffusionModel):
         steps = [sample.step for sample, n in zip(samples, rows) for _ in range(n)]
         totals = [sample.total_steps for sample, n in zip(samples, rows) for _ in range(n)]
         velocity = self.transformer.velocity(
-            PrefixCache.concat(caches), latents, timesteps, cache_rows, steps, totals  # type: ignore[arg-type]
+            PrefixCache.concat(caches), latents, timesteps, cache_rows, steps, totals, repeats=rows  # type: ignore[arg-type]
         ).float()
         for sample, state, part in zip(samples, states, velocity.split(rows)):
             if part.shape[0] == 2:
@@ -228,7 +227,7 @@ class HunyuanDiT(DiffusionModel):
     def decode(self, samples: list[DiffusionSample]) -> list[dict[str, Any]]:
         from omni_hunyuan.vae import decode_latents
 
-        images = decode_latents(self.vae, torch.cat([s.state.latents for s in samples]), self.config.vae).cpu().numpy()
+        images = decode_latents(self.decoder, torch.cat([s.state.latents for s in samples]), self.config.vae).cpu().numpy()
         for sample in samples:
             sample.state.prefix = None  # the prefix KV is the request's largest state: let it go now
         return [{"image": image} for image in images]

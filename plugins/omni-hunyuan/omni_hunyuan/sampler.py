@@ -46,8 +46,8 @@ def sample_t2i(
     sigmas = flow_sigmas(steps, flow_shift).to(latents.device)
     timesteps = sigmas[:-1] * 1000
     for step in range(steps):
-        batch = latents.expand(rows, -1, -1, -1).to(dtype)
-        velocity = model.velocity(prefix, batch, timesteps[step].repeat(rows)).float()
+        # (the rows share the latents and timestep: the UNet embedder runs once, `velocity`'s `repeats`)
+        velocity = model.velocity(prefix, latents.to(dtype), timesteps[step][None], repeats=[rows]).float()
         if cfg:
             cond, uncond = velocity.chunk(2)
             velocity = uncond + guidance_scale * (cond - uncond)

@@ -201,9 +201,13 @@ class HunyuanImage3(nn.Module):
 
     def velocity(
         self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor, cache_rows: list[Any] | None = None,
-        steps: list[int] | None = None, totals: list[int] | None = None,
+        steps: list[int] | None = None, totals: list[int] | None = None, repeats: list[int] | None = None,
     ) -> torch.Tensor:
         """Flow velocity ``[B, C, h, w]`` of noisy `latents` at `timestep` (``[B]``, sigma * 1000).
+
+        With `repeats`, `latents` and `timestep` hold one entry per image and entry i stands for
+        ``repeats[i]`` consecutive rows (its CFG branches: the same latents and timestep under
+        different prefixes), so the UNet embedder runs once per image, not once per row.
 
         Row b's new tokens are ``<timestep>`` at index L_b (its prefix length) and the h*w image tokens
         from L_b + 1; ``<timestep>`` sees the prefix and itself, the image tokens the prefix,
@@ -217,8 +221,12 @@ class HunyuanImage3(nn.Module):
         _, _, height, width = latents.shape
         device = latents.device
         dtype = self.model.wte.weight.dtype
-        step_token = self.timestep_emb(timestep).to(dtype)[:, None]
         image_tokens = self.patch_embed(latents.to(dtype), self.time_embed(timestep).to(dtype))
+        if repeats is not None:
+            counts, total = torch.tensor(repeats, device=device), sum(repeats)
+            image_tokens = image_tokens.repeat_interleave(counts, dim=0, output_size=total)
+            timestep = timestep.repeat_interleave(counts, output_size=total)
+        step_token = self.timestep_emb(timestep).to(dtype)[:, None]
         embeds = torch.cat([step_token, image_tokens.to(dtype)], dim=1)
         positions = torch.stack(
             [torch.cat([text_positions(n, 1, device), image_positions(n + 1, height, width, device)]) for n in prefix.lengths]

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 VAE_PREFIX = "vae."
 
@@ -89,27 +91,167 @@ def load_vae(model_path: str | Path, vae_config: Mapping[str, Any], device: str 
     result = vae.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(f"vae.* weights do not match: missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
-    return vae.to(device=device, dtype=torch.float32).eval()
+    return vae.to(device=device).eval()  # (built in fp32: the weights were copied into fp32 parameters)
+
+
+class ImageDecoder(nn.Module):
+    """The VAE's decoder for one latent frame (an image), in 2-D: the same numbers, a third of the work.
+
+    The release decodes an image as a one-frame video: every causal 3x3x3 convolution pads the time axis
+    with two copies of that frame (replicate padding), so its three time taps all see the same frame and
+    it equals a 3x3 convolution with the taps' weights summed (up to float rounding). An upsampler that
+    also doubles time keeps, of the first frame, half of its convolution's output channels: only those
+    are computed. The mid-block attention of one frame has no causal mask to apply (so batches decode
+    together). Built from the diffusers decoder's weights (`from_vae`); everything else, norms in fp32
+    included, runs as diffusers runs it.
+    """
+
+    def __init__(self, decoder: nn.Module) -> None:
+        super().__init__()
+        self.conv_in = _conv(decoder.conv_in)
+        self.repeat = decoder.repeat
+        mid = decoder.mid_block
+        self.mid = nn.ModuleList([_Resnet(mid.resnets[0])])
+        for attn, resnet in zip(mid.attentions, mid.resnets[1:], strict=True):
+            if attn is not None:
+                self.mid.append(_Attention(attn))
+            self.mid.append(_Resnet(resnet))
+        self.up = nn.ModuleList()
+        for block in decoder.up_blocks:
+            self.up.extend(_Resnet(resnet) for resnet in block.resnets)
+            if block.upsamplers is not None:
+                self.up.extend(_Upsample(upsampler) for upsampler in block.upsamplers)
+        self.norm_out = _Norm(decoder.norm_out)
+        self.conv_out = _conv(decoder.conv_out)
+
+    @staticmethod
+    def from_vae(vae: Any) -> ImageDecoder:
+        """The decoder of a diffusers ``AutoencoderKLHunyuanVideo15`` (its weights copied, its dtype and device)."""
+        parameter = next(vae.parameters())
+        return ImageDecoder(vae.decoder).to(device=parameter.device, dtype=parameter.dtype).eval()
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        """Unscaled latents ``[B, C, h, w]`` -> pixels ``[B, 3, H, W]`` in about [-1, 1]."""
+        hidden = self.conv_in(latents) + latents.repeat_interleave(self.repeat, dim=1)
+        for module in (*self.mid, *self.up):
+            hidden = module(hidden)
+        return self.conv_out(F.silu(self.norm_out(hidden)))
+
+
+def _conv(causal: nn.Module, keep: torch.Tensor | None = None) -> nn.Conv2d:
+    """A causal Conv3d over one replicate-padded frame as a Conv2d (its time taps summed); `keep`
+    selects output channels."""
+    conv3d = causal.conv
+    weight, bias = conv3d.weight.detach().sum(dim=2), conv3d.bias.detach()
+    if keep is not None:
+        weight, bias = weight[keep], bias[keep]
+    size = weight.shape[-1]
+    conv = nn.Conv2d(weight.shape[1], weight.shape[0], size, padding=size // 2, padding_mode="replicate")
+    conv.weight.data.copy_(weight)
+    conv.bias.data.copy_(bias)
+    return conv
+
+
+def _pointwise(conv3d: nn.Conv3d) -> nn.Conv2d:
+    conv = nn.Conv2d(conv3d.in_channels, conv3d.out_channels, 1)
+    conv.weight.data.copy_(conv3d.weight.detach()[:, :, 0])
+    conv.bias.data.copy_(conv3d.bias.detach())
+    return conv
+
+
+class _Norm(nn.Module):
+    """diffusers' ``HunyuanVideo15RMS_norm`` over channels (normalized in fp32, then scaled by gamma)."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.scale = norm.scale
+        self.gamma = nn.Parameter(norm.gamma.detach().reshape(-1, 1, 1).clone())
+        self.bias = nn.Parameter(norm.bias.detach().reshape(-1, 1, 1).clone()) if isinstance(norm.bias, nn.Parameter) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        reduced = x.dtype in (torch.float16, torch.bfloat16)
+        out = F.normalize(x.float() if reduced else x, dim=1).to(x.dtype) * self.scale * self.gamma
+        return out if self.bias is None else out + self.bias
+
+
+class _Resnet(nn.Module):
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.norm1, self.conv1 = _Norm(block.norm1), _conv(block.conv1)
+        self.norm2, self.conv2 = _Norm(block.norm2), _conv(block.conv2)
+        self.shortcut = None if block.conv_shortcut is None else _pointwise(block.conv_shortcut)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
+        return hidden + (x if self.shortcut is None else self.shortcut(x))
+
+
+class _Attention(nn.Module):
+    """Single-head attention over a frame's pixels (one frame: nothing is masked)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.norm = _Norm(block.norm)
+        self.q, self.k, self.v, self.out = (_pointwise(c) for c in (block.to_q, block.to_k, block.to_v, block.proj_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = x.shape
+        normed = self.norm(x)
+        q, k, v = (proj(normed).flatten(2).transpose(1, 2)[:, None] for proj in (self.q, self.k, self.v))
+        attended = F.scaled_dot_product_attention(q, k, v)[:, 0]
+        return self.out(attended.transpose(1, 2).reshape(batch, channels, height, width)) + x
+
+
+class _Upsample(nn.Module):
+    """diffusers' ``HunyuanVideo15Upsample`` on a first (only) frame: 2x in space; an upsampler that
+    doubles time keeps half of the first frame's channels (those alone are computed here)."""
+
+    def __init__(self, upsample: nn.Module) -> None:
+        super().__init__()
+        conv3d = upsample.conv.conv
+        self.temporal = bool(upsample.add_temporal_upsample)
+        self.repeats = upsample.repeats // 2 if self.temporal else upsample.repeats
+        keep = None
+        if self.temporal:  # of each of the 4 space groups' 2*out channels, the first out
+            out = conv3d.out_channels // 8
+            keep = torch.arange(conv3d.out_channels).view(4, 2 * out)[:, :out].reshape(-1)
+        self.conv = _conv(upsample.conv, keep)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        if self.temporal:  # space to depth first, then the channel repeat
+            return _depth_to_space(self.conv(x)) + _depth_to_space(shortcut).repeat_interleave(self.repeats, dim=1)
+        return _depth_to_space(self.conv(x)) + _depth_to_space(shortcut.repeat_interleave(self.repeats, dim=1))
+
+
+def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
+    """``[B, 4c, h, w]`` -> ``[B, c, 2h, 2w]``, channel group (i, j) to pixel (2h+i, 2w+j): diffusers'
+    ``_dcae_upsample_rearrange`` for one frame (not `torch.pixel_shuffle`'s channel order)."""
+    batch, packed, height, width = x.shape
+    channels = packed // 4
+    x = x.reshape(batch, 2, 2, channels, height, width).permute(0, 3, 4, 1, 5, 2)
+    return x.reshape(batch, channels, height * 2, width * 2)
+
+
+def load_image_decoder(model_path: str | Path, vae_config: Mapping[str, Any], device: str = "cpu") -> ImageDecoder:
+    """The checkpoint's VAE decoder as an `ImageDecoder` (fp32; the encoder is not kept)."""
+    return ImageDecoder.from_vae(load_vae(model_path, vae_config, device=device))
 
 
 @torch.no_grad()
-def decode_latents(vae: Any, latents: torch.Tensor, vae_config: Mapping[str, Any]) -> torch.Tensor:
+def decode_latents(decoder: ImageDecoder, latents: torch.Tensor, vae_config: Mapping[str, Any]) -> torch.Tensor:
     """Scaled latents ``[B, C, h, w]`` -> uint8 images ``[B, H, W, 3]``, as the release decodes them.
 
-    Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode one latent frame,
-    map [-1, 1] to [0, 255] and round. On CUDA the decode runs under fp16 autocast, as the release
-    pipeline's does (nemo-automodel's port keeps it: the reference in `bench/hunyuan_image3.py`);
-    elsewhere it runs in the VAE's dtype (fp32: what the CPU tests compare bit for bit).
+    Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode (the whole batch
+    at once), map [-1, 1] to [0, 255] and round. On CUDA the decode runs under fp16 autocast, as the
+    release pipeline's does (nemo-automodel's port keeps it: the reference in `bench/hunyuan_image3.py`);
+    elsewhere it runs in the decoder's dtype (fp32: what the CPU tests compare with diffusers' VAE).
     """
     latents = latents.float() / float(vae_config.get("scaling_factor") or 1.0)
     if vae_config.get("shift_factor"):
         latents = latents + float(vae_config["shift_factor"])
-    dtype = next(vae.parameters()).dtype
-    on_cuda = latents.device.type == "cuda"
-    # One latent at a time: diffusers 0.42's HunyuanVideo15 mid-block attention builds a mask that
-    # does not broadcast over a batch of more than one.
-    with torch.autocast(device_type=latents.device.type, dtype=torch.float16, enabled=on_cuda):
-        frames = torch.cat([vae.decode(z[None].unsqueeze(2).to(dtype)).sample for z in latents])
-    image = frames[:, :, -1].float()
-    image = (image / 2 + 0.5).clamp(0, 1)
+    dtype = next(decoder.parameters()).dtype
+    with torch.autocast(device_type=latents.device.type, dtype=torch.float16, enabled=latents.device.type == "cuda"):
+        pixels = decoder(latents.to(dtype))
+    image = (pixels.float() / 2 + 0.5).clamp(0, 1)
     return (image.permute(0, 2, 3, 1) * 255).round().to(torch.uint8)

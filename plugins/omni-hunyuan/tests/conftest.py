@@ -56,3 +56,11 @@ def vae(checkpoint: Path) -> Any:
     from omni_hunyuan.vae import load_vae
 
     return load_vae(checkpoint, HunyuanConfig.from_pretrained(checkpoint).vae)
+
+
+@pytest.fixture(scope="session")
+def decoder(vae: Any) -> Any:
+    """The dit stage's image decoder (`ImageDecoder`) over the same VAE weights."""
+    from omni_hunyuan.vae import ImageDecoder
+
+    return ImageDecoder.from_vae(vae)

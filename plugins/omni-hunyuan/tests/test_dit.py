@@ -55,7 +55,7 @@ def _run(runtime: Any, requests: dict[str, tuple[str, dict[str, Any]]], stagger:
     return {name: data["image"] for name, data in _finals(runtime, requests, stagger).items()}
 
 
-def _reference(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any, prompt: str, seed: int, steps: int) -> np.ndarray:
+def _reference(checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any, prompt: str, seed: int, steps: int) -> np.ndarray:
     config = HunyuanConfig.from_pretrained(checkpoint)
     defaults = generation_defaults(checkpoint)
     side = config.image_base_size // config.vae_downsample
@@ -65,18 +65,18 @@ def _reference(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: A
         model, rows.prefix, initial_noise(seed, config.latent_channels, side, side), steps,
         float(defaults["diff_guidance_scale"]), float(defaults["flow_shift"]),
     )
-    return decode_latents(vae, latents, config.vae)[0].numpy()
+    return decode_latents(decoder, latents, config.vae)[0].numpy()
 
 
-def test_one_request_equals_the_sampler(runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any) -> None:
+def test_one_request_equals_the_sampler(runtime: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
     images = _run(runtime, {"a": ("A red apple on a wooden table", {"seed": 42, "num_inference_steps": 2, "size": (64, 64)})})
-    expected = _reference(checkpoint, model, vae, tokenizer, tokens, "A red apple on a wooden table", 42, 2)
+    expected = _reference(checkpoint, model, decoder, tokenizer, tokens, "A red apple on a wooden table", 42, 2)
     assert images["a"].shape == expected.shape == (64, 64, 3)
     np.testing.assert_array_equal(images["a"], expected)
 
 
 def test_requests_at_different_steps_with_different_prompt_lengths_share_forwards(
-    runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
+    runtime: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any
 ) -> None:
     prompts = {"long": "Draw a lighthouse at night with waves crashing against the rocks", "short": "A cat"}
     images = _run(
@@ -85,12 +85,12 @@ def test_requests_at_different_steps_with_different_prompt_lengths_share_forward
         stagger=True,
     )
     for name, prompt in prompts.items():
-        expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 7, 3)
+        expected = _reference(checkpoint, model, decoder, tokenizer, tokens, prompt, 7, 3)
         assert np.abs(images[name].astype(int) - expected.astype(int)).max() <= 1, name
     assert not np.array_equal(images["long"], images["short"])
 
 
-def test_compiled_stage_equals_eager(checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any) -> None:
+def test_compiled_stage_equals_eager(checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
     """``compile: true`` (the layers' pieces around attention and the experts under torch.compile)
     draws the sampler's images, with first-block caching on one row and the batch growing mid-run
     (a new shape compiles)."""
@@ -113,13 +113,13 @@ def test_compiled_stage_equals_eager(checkpoint: Path, model: Any, vae: Any, tok
     finally:
         runtime.close()
     for name, prompt in prompts.items():
-        expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 7, 3)
+        expected = _reference(checkpoint, model, decoder, tokenizer, tokens, prompt, 7, 3)
         assert np.abs(finals[name]["image"].astype(int) - expected.astype(int)).max() <= 1, name
     assert finals["short"]["cache"] == {"computed_steps": 3, "skipped_steps": 0}
 
 
 def test_n_images_of_one_prompt_are_those_of_seeds_seed_to_seed_plus_n(
-    runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
+    runtime: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any
 ) -> None:
     """``n``: one request, `n` images (its text prefix encoded once), the i-th the sampler's at
     ``seed + i``; a bad ``n`` or seed is refused before any work."""
@@ -128,7 +128,7 @@ def test_n_images_of_one_prompt_are_those_of_seeds_seed_to_seed_plus_n(
     images = finals["three"]["image"]
     assert isinstance(images, list) and len(images) == 3
     for index, image in enumerate(images):
-        expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 11 + index, 2)
+        expected = _reference(checkpoint, model, decoder, tokenizer, tokens, prompt, 11 + index, 2)
         assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1, index
     assert not np.array_equal(images[0], images[1])
     refused = (
@@ -160,7 +160,7 @@ def test_a_sample_counts_the_positions_its_forward_carries(runtime: Any) -> None
 
 
 def test_first_block_caching_skips_steps_per_request_and_threshold_zero_changes_nothing(
-    runtime: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any
+    runtime: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any
 ) -> None:
     """The core's ``cache`` parameter: threshold 0 computes every step (the exact image); a loose
     threshold skips steps and stays near the exact image; a request without it, denoised in the same
@@ -175,7 +175,7 @@ def test_first_block_caching_skips_steps_per_request_and_threshold_zero_changes_
             "loose": (prompt, {**base, "cache": {"mode": "first_block", "threshold": 1.0, "warmup_steps": 1}}),
         },
     )
-    expected = _reference(checkpoint, model, vae, tokenizer, tokens, prompt, 5, 8)
+    expected = _reference(checkpoint, model, decoder, tokenizer, tokens, prompt, 5, 8)
     assert np.abs(finals["exact"]["image"].astype(int) - expected.astype(int)).max() <= 1
     assert "cache" not in finals["exact"]
     assert finals["zero"]["cache"] == {"computed_steps": 8, "skipped_steps": 0}

@@ -130,7 +130,7 @@ class TestHunyuanImage3Family(FamilyContract):
 
     @pytest.mark.parametrize("task", ["think_t2i", "recaption_t2i"])
     def test_reasoning_then_drawing_equals_its_stages_run_by_hand(
-        self, omni: Any, checkpoint: Path, model: Any, vae: Any, tokenizer: Any, tokens: Any, task: str
+        self, omni: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any, task: str
     ) -> None:
         """``text`` + ``image`` runs ar -> dit: the ar stage continues the instruct template greedily
         (as transformers does) and its ratio step picks the ratio; the image is the sampler's after
@@ -183,7 +183,7 @@ class TestHunyuanImage3Family(FamilyContract):
             model, rows.prefix, initial_noise(5, config.latent_channels, h, w), 2,
             float(defaults["diff_guidance_scale"]), float(defaults["flow_shift"]),
         )
-        image = decode_latents(vae, latents, config.vae)[0].numpy()
+        image = decode_latents(decoder, latents, config.vae)[0].numpy()
         assert np.asarray(result.images[0]).shape == image.shape == (height, width, 3)
         assert np.abs(np.asarray(result.images[0], dtype=int) - image.astype(int)).max() <= 1
 

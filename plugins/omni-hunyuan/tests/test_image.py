@@ -54,8 +54,11 @@ def test_text_logits_equal_nemo(model: Any, reference: Any, tokenizer: Any, toke
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
-def test_two_step_t2i_equals_nemo(checkpoint: Path, model: Any, reference: Any, tokenizer: Any, tokens: Any, vae: Any) -> None:
-    """Same seed, same noise, same 2-step CFG schedule: latents within 1e-5, the 8-bit image equal."""
+def test_two_step_t2i_equals_nemo(
+    checkpoint: Path, model: Any, reference: Any, tokenizer: Any, tokens: Any, vae: Any, decoder: Any
+) -> None:
+    """Same seed, same noise, same 2-step CFG schedule: latents within 1e-5; the 8-bit image of our
+    decoder and of the release-style decode nemo's pipeline runs (diffusers' 3-D VAE) within one level."""
     from omni_hunyuan.reference import NemoPrompts, ReleaseVAECall
     from omni_hunyuan.vae import decode_latents
 
@@ -74,9 +77,10 @@ def test_two_step_t2i_equals_nemo(checkpoint: Path, model: Any, reference: Any, 
     noise = initial_noise(seed, config.latent_channels, side, side)
     ours = sample_t2i(model, rows.prefix, noise, steps=2, guidance_scale=guidance, flow_shift=shift)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-    pixels = decode_latents(vae, ours, config.vae)[0].numpy()
+    pixels = decode_latents(decoder, ours, config.vae)[0].numpy()
     assert pixels.std() > 1, "a flat image would compare nothing"
-    np.testing.assert_array_equal(pixels, np.asarray(image))
+    difference = np.abs(pixels.astype(int) - np.asarray(image, dtype=int))
+    assert difference.max() <= 1 and (difference == 0).mean() > 0.99
 
 
 def test_sampler_without_cfg_runs_one_row(checkpoint: Path, model: Any, tokenizer: Any, tokens: Any) -> None:
