@@ -101,9 +101,9 @@ class ImageDecoder(nn.Module):
     with two copies of that frame (replicate padding), so its three time taps all see the same frame and
     it equals a 3x3 convolution with the taps' weights summed (up to float rounding). An upsampler that
     also doubles time keeps, of the first frame, half of its convolution's output channels: only those
-    are computed. The mid-block attention of one frame has no causal mask to apply (so batches decode
-    together). Built from the diffusers decoder's weights (`from_vae`); everything else, norms in fp32
-    included, runs as diffusers runs it.
+    are computed. The mid-block attention of one frame has no causal mask to apply (so a batch decodes
+    in one call, unlike with diffusers' 0.42 mask). Built from the diffusers decoder's weights
+    (`from_vae`); everything else, norms in fp32 included, runs as diffusers runs it.
     """
 
     def __init__(self, decoder: nn.Module) -> None:
@@ -242,16 +242,18 @@ def load_image_decoder(model_path: str | Path, vae_config: Mapping[str, Any], de
 def decode_latents(decoder: ImageDecoder, latents: torch.Tensor, vae_config: Mapping[str, Any]) -> torch.Tensor:
     """Scaled latents ``[B, C, h, w]`` -> uint8 images ``[B, H, W, 3]``, as the release decodes them.
 
-    Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode (the whole batch
-    at once), map [-1, 1] to [0, 255] and round. On CUDA the decode runs under fp16 autocast, as the
-    release pipeline's does (nemo-automodel's port keeps it: the reference in `bench/hunyuan_image3.py`);
-    elsewhere it runs in the decoder's dtype (fp32: what the CPU tests compare with diffusers' VAE).
+    Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode one image a call
+    (an image does not depend on what was decoded beside it; batching gained 3% on an H100,
+    bench/results/hunyuan-profile-h100-8layers-decoder.md), map [-1, 1] to [0, 255] and round. On CUDA
+    the decode runs under fp16 autocast, as the release pipeline's does (nemo-automodel's port keeps it:
+    the reference in `bench/hunyuan_image3.py`); elsewhere it runs in the decoder's dtype (fp32: what the
+    CPU tests compare with diffusers' VAE).
     """
     latents = latents.float() / float(vae_config.get("scaling_factor") or 1.0)
     if vae_config.get("shift_factor"):
         latents = latents + float(vae_config["shift_factor"])
     dtype = next(decoder.parameters()).dtype
     with torch.autocast(device_type=latents.device.type, dtype=torch.float16, enabled=latents.device.type == "cuda"):
-        pixels = decoder(latents.to(dtype))
+        pixels = torch.cat([decoder(latent[None].to(dtype)) for latent in latents])
     image = (pixels.float() / 2 + 0.5).clamp(0, 1)
     return (image.permute(0, 2, 3, 1) * 255).round().to(torch.uint8)
