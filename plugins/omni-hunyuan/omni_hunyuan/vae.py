@@ -142,6 +142,8 @@ def _conv(causal: nn.Module, keep: torch.Tensor | None = None) -> nn.Conv2d:
     """A causal Conv3d over one replicate-padded frame as a Conv2d (its time taps summed); `keep`
     selects output channels."""
     conv3d = causal.conv
+    if len(set(conv3d.kernel_size)) != 1 or set(conv3d.stride) != {1}:  # (the padding below assumes both)
+        raise ValueError(f"a cubic, stride-1 causal convolution was expected, got {conv3d}")
     weight, bias = conv3d.weight.detach().sum(dim=2), conv3d.bias.detach()
     if keep is not None:
         weight, bias = weight[keep], bias[keep]
@@ -218,10 +220,11 @@ class _Upsample(nn.Module):
         self.conv = _conv(upsample.conv, keep)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x
-        if self.temporal:  # space to depth first, then the channel repeat
-            return _depth_to_space(self.conv(x)) + _depth_to_space(shortcut).repeat_interleave(self.repeats, dim=1)
-        return _depth_to_space(self.conv(x)) + _depth_to_space(shortcut.repeat_interleave(self.repeats, dim=1))
+        if self.temporal:  # the shortcut: depth to space first, then the channel repeat
+            shortcut = _depth_to_space(x).repeat_interleave(self.repeats, dim=1)
+        else:
+            shortcut = _depth_to_space(x.repeat_interleave(self.repeats, dim=1))
+        return _depth_to_space(self.conv(x)) + shortcut
 
 
 def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
