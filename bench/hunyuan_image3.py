@@ -335,9 +335,14 @@ def main() -> None:
                         help="Omni's dit stage with compile: true; the reference is then also run with its blocks compiled")
     parser.add_argument("--quantization", choices=("fp8", "int8"), default=None,
                         help="then Omni again at concurrency --requests with the dit stage's quantization option")
+    parser.add_argument("--skip-eager-reference", action="store_true",
+                        help="with --compile: time the reference compiled only (PSNR then against its images)")
+    parser.add_argument("--skip-c1", action="store_true", help="time Omni at concurrency N only")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
+    if args.skip_eager_reference and not args.compile:
+        parser.error("--skip-eager-reference needs --compile (else no reference is timed)")
 
     import torch
     from omni_hunyuan.config import HunyuanConfig
@@ -386,16 +391,21 @@ def main() -> None:
     reference = Reference(model, args.device, args.dtype)
     print(f"reference loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
     reference.run(1, args.size, 2, memory)  # warm-up: kernels, allocator
-    ref_runs = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-    expected = ref_runs[0].images
-    record(ref_runs)
+    expected = None  # the eager reference's images (the compiled one's with --skip-eager-reference)
+    if not args.skip_eager_reference:
+        ref_runs = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+        expected = ref_runs[0].images
+        record(ref_runs)
     if args.compile:
         stamp = time.perf_counter()
         reference.compile()
         reference.run(args.requests, args.size, 2, memory)  # compiles (each prompt length: its sequence length)
         print(f"reference compiled in {time.perf_counter() - stamp:.0f} s", flush=True)
         config = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-        psnrs[f"{reference.system} c1"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+        if expected is None:
+            expected = config[0].images
+        else:
+            psnrs[f"{reference.system} c1"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
         record(config)
     reference.close()
     del reference
@@ -405,7 +415,7 @@ def main() -> None:
     stamp = time.perf_counter()
     omni = Omni(model, args.device, args.dtype, args.requests, args.compile)
     print(f"omni loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
-    for concurrency in (1, args.requests):
+    for concurrency in (args.requests,) if args.skip_c1 else (1, args.requests):
         stamp = time.perf_counter()
         omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)
         print(f"omni c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)

@@ -274,8 +274,13 @@ class MoE(nn.Module):
             if self.quantized == "int8_weight_only":
                 up = dequantize_stacked(up, self.grouped_up_scale, tokens.dtype)
                 down = dequantize_stacked(down, self.grouped_down_scale, tokens.dtype)
-            hidden = torch._grouped_mm(tokens.index_select(0, rows), up.transpose(1, 2), offs=ends)
-            out = torch._grouped_mm(kernels.act(hidden), down.transpose(1, 2), offs=ends)
+            if kernels.expert_gemms == "per_expert":
+                bounds = [0, *ends.tolist()]
+                hidden = per_expert_mm(tokens.index_select(0, rows), up, bounds)
+                out = per_expert_mm(kernels.act(hidden), down, bounds)
+            else:
+                hidden = torch._grouped_mm(tokens.index_select(0, rows), up.transpose(1, 2), offs=ends)
+                out = torch._grouped_mm(kernels.act(hidden), down.transpose(1, 2), offs=ends)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         return out, inverse
@@ -290,12 +295,12 @@ class MoE(nn.Module):
             routed.index_add_(0, rows, out)
         return routed
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: LayerKernels | None = None) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         weights, chosen = self.route(tokens)
         if self.grouped:
-            routed = weigh_slots(*self.grouped_experts(tokens, chosen), weights)
+            routed = weigh_slots(*self.grouped_experts(tokens, chosen, kernels), weights)
         else:
             routed = self.looped_experts(tokens, weights, chosen)
         if self.shared_mlp is not None:
@@ -314,6 +319,16 @@ def group_experts(layers: Iterable[nn.Module]) -> None:
         down = moe.experts[0].down_proj
         if down.weight.is_cuda and down.weight.dtype == torch.bfloat16 and down.bias is None:
             moe.group_experts()
+
+
+def per_expert_mm(x: torch.Tensor, weights: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """``x[bounds[e]:bounds[e + 1]] @ weights[e].T`` for every expert e, into one ``[rows, out]`` tensor:
+    `torch._grouped_mm`'s product, one dense matmul per expert."""
+    out = x.new_empty(x.shape[0], weights.shape[1])
+    for expert, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if stop > start:
+            torch.mm(x[start:stop], weights[expert].t(), out=out[start:stop])
+    return out
 
 
 def weigh_slots(out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -381,6 +396,12 @@ class LayerKernels:
     combine: Callable[..., torch.Tensor] = layer_combine
     rows_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = rows_fp8  # FP8 experts (`MoE.quantize_experts`)
     act_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = swiglu_fp8
+    # How grouped bf16 experts multiply (`MoE.grouped_experts`): "grouped", one `torch._grouped_mm` a
+    # projection (no host sync), or "per_expert", one dense matmul an expert on its slice of rows (one
+    # host sync a layer for the slice bounds). On an H100 a concurrency-4 denoising forward alone ran 10%
+    # faster per expert, the dit stage's whole requests ~1% (bench/results/hunyuan-profile-h100-8layers-per-expert.md):
+    # not enough to trade the sync for; the bench profile keeps the comparison.
+    expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert")))
 
     @classmethod
     def compiled(cls) -> LayerKernels:

@@ -112,10 +112,11 @@ def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: P
 
 
 def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
-    """`MoE.group_experts` (the CUDA bf16 path: one grouped GEMM per projection) routes and weighs
-    every token as the per-expert loop does, including experts no token picked."""
+    """`MoE.group_experts` (the CUDA bf16 path: one grouped GEMM per projection, or one matmul per
+    expert) routes and weighs every token as the per-expert loop does, including experts no token picked."""
     import copy
 
+    from omni_hunyuan.layers import LayerKernels
     from omni_hunyuan.weights import load_transformer
 
     moe = load_transformer(checkpoint).model.layers[0].mlp
@@ -128,6 +129,9 @@ def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
         one = moe(tokens[:1, :1])
         torch.testing.assert_close(grouped(tokens[:1, :1]), one, atol=1e-5, rtol=1e-5)  # most experts idle
         torch.testing.assert_close(grouped(tokens), moe(tokens), atol=1e-5, rtol=1e-5)
+        per_expert = LayerKernels(expert_gemms="per_expert")  # one matmul per expert: the same products
+        torch.testing.assert_close(grouped(tokens[:1, :1], per_expert), one, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grouped(tokens, per_expert), moe(tokens), atol=1e-5, rtol=1e-5)
     assert picked.unique().numel() > 1
 
 
