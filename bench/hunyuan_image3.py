@@ -19,6 +19,9 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
    the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8).
 
+When device time is short, ``--skip-eager-reference`` (with ``--compile``) times the reference compiled
+only (the PSNR is then against its images) and ``--skip-c1`` times Omni at concurrency N only.
+
 Every request: t2i, ``--size`` square, ``--steps`` steps, CFG 5.0. Omni's images are compared with the
 reference's (PSNR): the same weights, noise and schedule, so they differ only by bf16 rounding.
 
