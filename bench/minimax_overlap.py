@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from diffusion import synchronize
 from minimax_block_memory import RELEASED
 from minimax_decode import fp32_where_kept
 
@@ -124,12 +125,10 @@ def main() -> None:
             vae.decode(z)
 
         def alone(fn: Callable[[], Any]) -> float:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(args.device)
             start = time.perf_counter()
             fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(args.device)
             return time.perf_counter() - start
 
         dit(), decode()  # warm-up

@@ -140,8 +140,7 @@ class DiffusionOptions:
 class _Request:
     samples: list[DiffusionSample]
     outputs: dict[int, dict[str, Any]] = attrs.field(factory=dict)
-    chunks: int = 0
-    announced: bool = False  # a progress chunk went out (with `progress` off: the one that says it started)
+    chunks: int = 0  # sent so far (progress chunks until the final one)
 
 
 # The options `load` receives through `LoadSpec` and when a stage sets them (`DiffusionModel.load_options`).
@@ -378,12 +377,12 @@ class DiffusionStageRuntime(StageRuntime):
         for request_id, request in list(self._requests.items()):
             if len(request.outputs) == len(request.samples):
                 chunks.append(self._final(request_id, request))
-            elif self.streaming and any(s.started for s in request.samples) and (self.options.progress or not request.announced):
+            # (with `progress` off, only the first progress chunk: it says the request started)
+            elif self.streaming and any(s.started for s in request.samples) and (self.options.progress or not request.chunks):
                 done = sum(s.step for s in request.samples)
                 total = sum(s.total_steps for s in request.samples)
                 chunks.append(Chunk(request_id, self.stage.name, request.chunks, {"progress": {"step": done, "total": total}}))
                 request.chunks += 1
-                request.announced = True
         return chunks
 
     def _final(self, request_id: str, request: _Request) -> Chunk:

@@ -222,10 +222,9 @@ class HunyuanImage3(nn.Module):
         device = latents.device
         dtype = self.model.wte.weight.dtype
         image_tokens = self.patch_embed(latents.to(dtype), self.time_embed(timestep).to(dtype))
-        if repeats is not None:
-            counts, total = torch.tensor(repeats, device=device), sum(repeats)
-            image_tokens = image_tokens.repeat_interleave(counts, dim=0, output_size=total)
-            timestep = timestep.repeat_interleave(counts, output_size=total)
+        if repeats is not None:  # (expanded views concatenated: no counts tensor copied to the device each step)
+            image_tokens = torch.cat([t[None].expand(n, -1, -1) for t, n in zip(image_tokens, repeats, strict=True)])
+            timestep = torch.cat([t[None].expand(n) for t, n in zip(timestep, repeats, strict=True)])
         step_token = self.timestep_emb(timestep).to(dtype)[:, None]
         embeds = torch.cat([step_token, image_tokens.to(dtype)], dim=1)
         positions = torch.stack(
