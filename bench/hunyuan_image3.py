@@ -17,7 +17,10 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
    (SDPA attention, ``torch._grouped_mm`` experts), serving the requests one after the other;
 2. Omni's ``dit`` stage (the family's pipeline, its diffusion stage runtime) at concurrency 1 and N
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
-   the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8).
+   the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8);
+   ``--expert-gemms grouped,per_expert`` times it once per way of multiplying the experts
+   (`LayerKernels.expert_gemms`), on the same loaded stage (the others than the first at concurrency N
+   only).
 
 When device time is short, ``--skip-eager-reference`` (with ``--compile``) times the reference compiled
 only (the PSNR is then against its images) and ``--skip-c1`` times Omni at concurrency N only.
@@ -286,6 +289,17 @@ class Omni:
         synchronize(self.device)
         return Run(self.system, concurrency, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
 
+    def expert_gemms(self, how: str) -> str:
+        """The dit stage's denoising forwards run their grouped experts `how` (`LayerKernels.expert_gemms`);
+        returns how, in words (none where the experts are not grouped: CPU, fp32)."""
+        import attrs
+
+        transformer = self.runtime.model.transformer
+        transformer.kernels = attrs.evolve(transformer.kernels, expert_gemms=how)
+        if not any(layer.mlp.grouped for layer in transformer.model.layers):
+            return ""
+        return "one grouped GEMM a projection" if how == "grouped" else "per-expert GEMMs"
+
     def close(self) -> None:
         self.runtime.close()
 
@@ -341,6 +355,9 @@ def main() -> None:
     parser.add_argument("--skip-eager-reference", action="store_true",
                         help="with --compile: time the reference compiled only (PSNR then against its images)")
     parser.add_argument("--skip-c1", action="store_true", help="time Omni at concurrency N only")
+    parser.add_argument("--expert-gemms", default="per_expert",
+                        help="comma-separated `LayerKernels.expert_gemms` values: Omni is timed with each, on the same "
+                             "loaded stage (at concurrency 1 with the first only)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
@@ -418,13 +435,16 @@ def main() -> None:
     stamp = time.perf_counter()
     omni = Omni(model, args.device, args.dtype, args.requests, args.compile)
     print(f"omni loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
-    for concurrency in (args.requests,) if args.skip_c1 else (1, args.requests):
-        stamp = time.perf_counter()
-        omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)
-        print(f"omni c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)
-        config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-        psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
-        record(config)
+    system = omni.system
+    for number, gemms in enumerate(args.expert_gemms.split(",")):
+        omni.system = ", ".join(part for part in (system, omni.expert_gemms(gemms)) if part)
+        for concurrency in (args.requests,) if args.skip_c1 or number else (1, args.requests):
+            stamp = time.perf_counter()
+            omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)
+            print(f"{omni.system} c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)
+            config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+            psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+            record(config)
     omni.close()
     if args.quantization:
         # The dit stage's `quantization` option, at concurrency N only (a precision change: PSNR says how much).

@@ -11,8 +11,8 @@ text prefix of ``--prefix``, ``--prefix`` + 2, ... tokens (one length per reques
 counts them), each part's time alone on the same shapes (attention with the padding mask, and
 without any, the MoE, the projections), and the kernels that took the most device time
 (`torch.profiler`; of the compiled forward with ``--compile``, quantized with ``--quantization``); the MoE
-and the compiled forward with one matmul per expert instead of grouped GEMMs (where the experts are
-grouped: CUDA, bf16); the VAE decode, diffusers' 3-D VAE as the reference runs it and the dit stage's
+and the compiled forward with one grouped GEMM a projection instead of one matmul per expert (where the
+experts are grouped: CUDA, bf16); the VAE decode, diffusers' 3-D VAE as the reference runs it and the dit stage's
 2-D `ImageDecoder`, alone and batched. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
 """
 
@@ -54,15 +54,16 @@ def build(spec: dict[str, Any], layers: int, device: str, dtype: Any) -> Any:
     return model.eval()
 
 
-def per_expert(model: Any, device: str, run: Any, repeats: int) -> float | None:
-    """`run`'s time with the denoising forward's grouped experts as one matmul an expert instead of one
-    grouped GEMM a projection (`LayerKernels.expert_gemms`), then back; None where they are not grouped."""
+def with_gemms(model: Any, how: str, device: str, run: Any, repeats: int) -> float | None:
+    """`run`'s time with the denoising forward's grouped experts multiplied `how` (`LayerKernels.expert_gemms`:
+    ``grouped``, one grouped GEMM a projection; ``per_expert``, one matmul an expert), then back; None
+    where they are not grouped."""
     import attrs
 
     if not any(layer.mlp.grouped for layer in model.model.layers):
         return None
     kernels = model.kernels
-    model.kernels = attrs.evolve(kernels, expert_gemms="per_expert")
+    model.kernels = attrs.evolve(kernels, expert_gemms=how)
     try:
         return timed(device, run, repeats)
     finally:
@@ -109,13 +110,13 @@ def main() -> None:
             return model.velocity(cache, latents, timestep, repeats=repeats)
 
         forward = timed(device, velocity, args.repeats)
-        compiled = difference = compiled_per_expert = None
+        compiled = difference = compiled_grouped = None
         if args.compile:
             eager = velocity().float()
             model.compile_layers()
             compiled = timed(device, velocity, args.repeats)
             difference = float((velocity().float() - eager).abs().max() / eager.abs().max())
-            compiled_per_expert = per_expert(model, device, velocity, args.repeats)
+            compiled_grouped = with_gemms(model, "grouped", device, velocity, args.repeats)
 
         # The parts alone, on one layer's shapes.
         tokens = 1 + side * side
@@ -139,7 +140,7 @@ def main() -> None:
             "attention, ImageRowsMask (as run)": timed(device, lambda: layout.attend(q, new_k, new_v, past), args.repeats),
             "attention, one unmasked call": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.repeats),
             "MoE (router, experts, shared)": timed(device, lambda: layer.mlp(hidden), args.repeats),
-            "MoE, one matmul per expert (a host sync)": per_expert(model, device, lambda: layer.mlp(hidden, model.kernels), args.repeats),
+            "MoE, one matmul per expert (the host waits for the bounds)": with_gemms(model, "per_expert", device, lambda: layer.mlp(hidden, model.kernels), args.repeats),
             "UNet embedder (once per request) and head (per row), one forward": timed(device, lambda: model.final_layer(
                 model.patch_embed(latents, model.time_embed(timestep).to(dtype)).repeat_interleave(2, dim=0),
                 model.time_embed_2(timestep.repeat_interleave(2)).to(dtype), side, side), args.repeats),
@@ -201,11 +202,11 @@ def main() -> None:
         f"| forward (all layers, UNet in and out) | {forward * 1e3:.2f} | MFU {flops.model() / forward / ceiling:.1%} |",
     ]
     if compiled is not None:
-        lines.append(f"| forward, compiled layer pieces | {compiled * 1e3:.2f} | MFU {flops.model() / compiled / ceiling:.1%} "
-                     f"(max diff / max: {difference:.1e}) |")
-    if compiled_per_expert is not None:
-        lines.append(f"| forward, compiled layer pieces, one matmul per expert | {compiled_per_expert * 1e3:.2f} | "
-                     f"MFU {flops.model() / compiled_per_expert / ceiling:.1%} |")
+        lines.append(f"| forward, compiled layer pieces ({model.kernels.expert_gemms} experts, as served) | {compiled * 1e3:.2f} | "
+                     f"MFU {flops.model() / compiled / ceiling:.1%} (max diff / max: {difference:.1e}) |")
+    if compiled_grouped is not None:
+        lines.append(f"| forward, compiled layer pieces, one grouped GEMM a projection | {compiled_grouped * 1e3:.2f} | "
+                     f"MFU {flops.model() / compiled_grouped / ceiling:.1%} |")
     if quantized is not None:
         lines.append(f"| forward, {args.quantization}{', compiled layer pieces' if compiled is not None else ''} | "
                      f"{quantized * 1e3:.2f} | credited FLOPs / time / the {args.dtype} ceiling {flops.model() / quantized / ceiling:.1%} "

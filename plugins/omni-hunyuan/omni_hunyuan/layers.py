@@ -198,6 +198,23 @@ class Router(nn.Module):
         return F.softmax(F.linear(x.float(), self.wg.weight.float()), dim=-1)
 
 
+@attrs.frozen
+class Dispatch:
+    """A grouped MoE layer's routing, sorted by expert (`MoE.dispatch`)."""
+
+    order: torch.Tensor  # [T*k]: the (token, slot) pairs grouped by expert, tokens in order
+    ends: torch.Tensor  # int32 [experts]: where each expert's pairs end in `order`
+    host_ends: torch.Tensor | None = None  # `ends` on the host (one matmul per expert needs the slice bounds)
+    ready: torch.cuda.Event | None = None  # recorded after `host_ends`' asynchronous copy
+
+    def bounds(self) -> list[int]:
+        """The slice bounds ``[0, end_0, end_1, ...]`` on the host (waits for the copy)."""
+        assert self.host_ends is not None
+        if self.ready is not None:
+            self.ready.synchronize()
+        return [0, *self.host_ends.tolist()]
+
+
 class MoE(nn.Module):
     """Every layer's MLP: routed experts (softmax, top-k, renormalised) plus the shared expert(s)."""
 
@@ -252,37 +269,53 @@ class MoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, chosen
 
+    def dispatch(self, chosen: torch.Tensor, kernels: LayerKernels | None = None) -> Dispatch:
+        """Where the routed (token, slot) pairs go (`Dispatch`). Called as soon as the routing is known:
+        with one matmul per expert (``kernels.expert_gemms``) the slice bounds start their copy to the
+        host here, so the GPU works through what is queued after (the shared expert, the row gather)
+        while `grouped_experts` waits for them."""
+        kernels = EAGER if kernels is None else kernels
+        experts, order = chosen.reshape(-1).sort(stable=True)
+        # Each expert's end in the sorted list (a bincount's cumsum, without the host sync CUDA's
+        # bincount makes to size its output).
+        everyone = torch.arange(self.grouped_up.shape[0], device=experts.device, dtype=experts.dtype)
+        ends = torch.searchsorted(experts, everyone, right=True).to(torch.int32)
+        host, ready = None, None
+        if kernels.expert_gemms == "per_expert" and self.quantized != "fp8":
+            host = ends
+            if ends.is_cuda:  # into pinned memory, asynchronously; `ready` marks the copy's end
+                host, ready = ends.to("cpu", non_blocking=True), torch.cuda.Event()
+                ready.record()
+        return Dispatch(order, ends, host, ready)
+
     def grouped_experts(
-        self, tokens: torch.Tensor, chosen: torch.Tensor, kernels: LayerKernels | None = None
+        self, tokens: torch.Tensor, plan: Dispatch, kernels: LayerKernels | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The routed experts' outputs ``[T*k, H]`` in expert order, and the inverse permutation that
-        brings them back to (token, slot) order (`weigh_slots`); `kernels` run SwiGLU (and the FP8
-        scaling of rows: `quantize_experts`)."""
+        brings them back to (token, slot) order (`weigh_slots`); `plan` is `dispatch`'s; `kernels` run
+        SwiGLU (and the FP8 scaling of rows: `quantize_experts`)."""
         kernels = EAGER if kernels is None else kernels
-        flat = chosen.reshape(-1)
-        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order
-        ends = torch.bincount(flat, minlength=self.grouped_up.shape[0]).cumsum(0).to(torch.int32)
+        order, ends = plan.order, plan.ends
         rows = order // self.topk
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
         if self.quantized == "fp8":
             # Each token is scaled once, then its FP8 row gathered k times (half a bf16 gather's bytes).
             x, x_scale = kernels.rows_fp8(tokens)
             x, x_scale = x.index_select(0, rows), x_scale.index_select(0, rows)
             hidden = fp8_grouped_mm(x, x_scale, self.grouped_up, self.grouped_up_scale, ends, tokens.dtype)
             out = fp8_grouped_mm(*kernels.act_fp8(hidden), self.grouped_down, self.grouped_down_scale, ends, tokens.dtype)
+            return out, inverse
+        up, down = self.grouped_up, self.grouped_down
+        if self.quantized == "int8_weight_only":
+            up = dequantize_stacked(up, self.grouped_up_scale, tokens.dtype)
+            down = dequantize_stacked(down, self.grouped_down_scale, tokens.dtype)
+        x = tokens.index_select(0, rows)
+        if plan.host_ends is not None:
+            bounds = plan.bounds()  # (waits for the copy `dispatch` started; the GPU still has the gather)
+            out = per_expert_mm(kernels.act(per_expert_mm(x, up, bounds)), down, bounds)
         else:
-            up, down = self.grouped_up, self.grouped_down
-            if self.quantized == "int8_weight_only":
-                up = dequantize_stacked(up, self.grouped_up_scale, tokens.dtype)
-                down = dequantize_stacked(down, self.grouped_down_scale, tokens.dtype)
-            if kernels.expert_gemms == "per_expert":
-                bounds = [0, *ends.tolist()]
-                hidden = per_expert_mm(tokens.index_select(0, rows), up, bounds)
-                out = per_expert_mm(kernels.act(hidden), down, bounds)
-            else:
-                hidden = torch._grouped_mm(tokens.index_select(0, rows), up.transpose(1, 2), offs=ends)
-                out = torch._grouped_mm(kernels.act(hidden), down.transpose(1, 2), offs=ends)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
+            out = torch._grouped_mm(kernels.act(torch._grouped_mm(x, up.transpose(1, 2), offs=ends)), down.transpose(1, 2), offs=ends)
         return out, inverse
 
     def looped_experts(self, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -300,7 +333,7 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, shape[-1])
         weights, chosen = self.route(tokens)
         if self.grouped:
-            routed = weigh_slots(*self.grouped_experts(tokens, chosen, kernels), weights)
+            routed = weigh_slots(*self.grouped_experts(tokens, self.dispatch(chosen, kernels), kernels), weights)
         else:
             routed = self.looped_experts(tokens, weights, chosen)
         if self.shared_mlp is not None:
@@ -397,14 +430,15 @@ class LayerKernels:
     rows_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = rows_fp8  # FP8 experts (`MoE.quantize_experts`)
     act_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = swiglu_fp8
     # How grouped bf16 experts multiply (`MoE.grouped_experts`): "grouped", one `torch._grouped_mm` a
-    # projection (no host sync), or "per_expert", one dense matmul an expert on its slice of rows (one
-    # host sync a layer for the slice bounds). On an H100 a concurrency-4 denoising forward alone ran 10%
-    # faster per expert, the dit stage's whole requests ~1% (bench/results/hunyuan-profile-h100-8layers-per-expert.md):
-    # not enough to trade the sync for; the bench profile keeps the comparison.
+    # projection (no host sync), or "per_expert", one dense matmul an expert on its slice of rows (the
+    # host waits a layer for the slice bounds; `MoE.dispatch` starts their copy early). With thousands
+    # of rows an expert (denoising forwards: `compiled`) cuBLAS runs them faster than the grouped kernel:
+    # served on an H100 at concurrency 4, 4.7% more images/s (bench/results/hunyuan-image3-h100-8layers-50steps-gemms.md).
     expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert")))
 
     @classmethod
-    def compiled(cls) -> LayerKernels:
+    def compiled(cls, expert_gemms: str = "per_expert") -> LayerKernels:
+        """The pieces under `torch.compile`, for denoising forwards (many rows an expert: `expert_gemms`)."""
         return cls(
             torch.compile(layer_qkv, dynamic=None),
             torch.compile(layer_route, dynamic=None),
@@ -413,6 +447,7 @@ class LayerKernels:
             torch.compile(rows_fp8, dynamic=None),
             # (autotuned: inductor's default reduction over a row of 3,072 took 2.8 ms for 262k rows, tuned 1.9)
             torch.compile(swiglu_fp8, dynamic=None, mode="max-autotune-no-cudagraphs"),
+            expert_gemms,
         )
 
 
@@ -445,9 +480,10 @@ class DecoderLayer(nn.Module):
         out, cache = self.self_attn.attend(q, k, v, mask, past)
         x, tokens, weights, chosen = kernels.route(self, x, out)
         moe = self.mlp
+        plan = moe.dispatch(chosen, kernels) if moe.grouped else None  # (before the shared expert: see `dispatch`)
         shared = None if moe.shared_mlp is None else moe.shared_mlp(tokens, kernels.act)
-        if moe.grouped:
-            return kernels.combine(x, *moe.grouped_experts(tokens, chosen, kernels), weights, shared), cache
+        if plan is not None:
+            return kernels.combine(x, *moe.grouped_experts(tokens, plan, kernels), weights, shared), cache
         routed = moe.looped_experts(tokens, weights, chosen)
         if shared is not None:
             routed = routed + shared

@@ -252,7 +252,8 @@ def test_quantized_grouped_experts_stay_close_to_the_unquantized_ones(checkpoint
             got = quantized(tokens)
             assert 0 < _relative_error(got, want) <= tolerance, method
             weights, chosen = quantized.route(tokens)
-            fused = weigh_slots(*quantized.grouped_experts(tokens, chosen, compiled), weights) + quantized.shared_mlp(tokens)
+            plan = quantized.dispatch(chosen, compiled)
+            fused = weigh_slots(*quantized.grouped_experts(tokens, plan, compiled), weights) + quantized.shared_mlp(tokens)
             torch.testing.assert_close(fused, got, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="grouped, unquantized"):
         quantized.quantize_experts("fp8")
