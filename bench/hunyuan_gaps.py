@@ -130,19 +130,14 @@ def sync_sites(omni: Omni, requests: int, size: int) -> list[str]:
         ours = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack if "omni" in f.filename or "bench" in f.filename]
         sites[f"{str(message).splitlines()[0][:60]} <- {' <- '.join(reversed(ours[-4:]))}"] += 1
 
-    previous = warnings.showwarning
-    warnings.showwarning = show
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = show
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                omni.runtime.step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        warnings.showwarning = previous
+    with warnings.catch_warnings():  # (restores the filters and `showwarning` on exit)
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            omni.runtime.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     while omni.runtime.has_unfinished():
         omni.runtime.step()
     return ["| syncs | where (innermost first) |", "|---:|---|", *(f"| {n} | {site} |" for site, n in sites.most_common(20))]
