@@ -27,7 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hunyuan_image3 import Omni, write_release_width
+from diffusion import PeakMemory
+from hunyuan_image3 import Omni, checkpoint
 
 
 def kernel_spans(trace: Path) -> list[tuple[float, float, str]]:
@@ -47,14 +48,9 @@ def gaps(spans: list[tuple[float, float, str]], floor_us: float) -> tuple[float,
     busy, found = 0.0, []
     end, last = None, ""
     for start, stop, name in spans:
-        if end is None:
-            busy += stop - start
-        elif start > end:
-            busy += stop - start
-            if start - end >= floor_us:
-                found.append((start - end, last, name))
-        elif stop > end:
-            busy += stop - end
+        if end is not None and start - end >= floor_us:
+            found.append((start - end, last, name))
+        busy += max(0.0, stop - (start if end is None else max(start, end)))  # (the part not yet covered)
         if end is None or stop > end:
             end, last = stop, name
     return busy, found
@@ -158,15 +154,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
 
-    model = args.scratch / f"{args.preset}-{args.layers}"
-    if args.preset == "tiny":
-        from omni_hunyuan.tiny import make_tiny
-
-        model = args.scratch / "tiny"
-        if not (model / "config.json").exists():
-            make_tiny(model)
-    else:
-        write_release_width(model, args.layers, args.device)
+    model = checkpoint(args.scratch, args.preset, args.layers, args.device)
     from omni_hunyuan.config import HunyuanConfig
 
     size = HunyuanConfig.from_pretrained(model).image_base_size
@@ -175,7 +163,7 @@ def main() -> None:
              f"{'compiled' if args.compile else 'eager'}", ""]
     for how in args.expert_gemms.split(","):
         lines += [f"### {omni.expert_gemms(how) or how}", ""]
-        omni.run(args.requests, args.requests, size, 2, _NoMemory())  # warm-up (compiles each batch shape)
+        omni.run(args.requests, args.requests, size, 2, PeakMemory(args.device))  # warm-up (compiles each batch shape)
         if args.device.startswith("cuda"):
             lines += profile_steps(omni, args.steps, args.requests, size, args.gap_floor_us)
             lines += ["", *sync_sites(omni, args.requests, size), ""]
@@ -186,14 +174,6 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"hunyuan-gaps-{args.preset}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-class _NoMemory:
-    def reset(self) -> None:
-        pass
-
-    def peak_mib(self) -> float:
-        return float("nan")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,21 @@ def write_release_width(directory: Path, layers: int, device: str, seed: int = 0
     tokenizer.save_pretrained(directory)
 
 
+def checkpoint(scratch: Path, preset: str, layers: int, device: str) -> Path:
+    """The benchmark's checkpoint under `scratch`, written on first use: the tiny one (2 layers), or
+    the release widths with `layers` layers (`write_release_width`)."""
+    if preset == "tiny":
+        from omni_hunyuan.tiny import make_tiny
+
+        model = scratch / "tiny"
+        if not (model / "config.json").exists():
+            make_tiny(model)
+        return model
+    model = scratch / f"{preset}-{layers}"
+    write_release_width(model, layers, device)
+    return model
+
+
 class Flops:
     """Transformer forward FLOPs of one t2i image (see the module docstring)."""
 
@@ -370,17 +385,10 @@ def main() -> None:
     from omni_hunyuan.tokens import SpecialTokens
     from transformers import AutoTokenizer
 
-    model = args.scratch / f"{args.preset}-{args.layers}"
     began = time.perf_counter()
+    model = checkpoint(args.scratch, args.preset, args.layers, args.device)
     if args.preset == "tiny":
-        from omni_hunyuan.tiny import make_tiny
-
         args.layers = 2
-        model = args.scratch / "tiny"
-        if not (model / "config.json").exists():
-            make_tiny(model)
-    else:
-        write_release_width(model, args.layers, args.device)
     print(f"checkpoint {model} ready in {time.perf_counter() - began:.0f} s", flush=True)
     stamp = time.perf_counter()
     config = HunyuanConfig.from_pretrained(model)
