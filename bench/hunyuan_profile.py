@@ -129,7 +129,7 @@ def main() -> None:
         k = torch.randn(rows, config.num_kv_heads, padded + tokens, config.head_dim, device=device, dtype=dtype)
         v = torch.randn_like(k)
         keys = torch.arange(padded + tokens, device=device)
-        real = (keys[None] < torch.tensor(lengths, device=device).repeat_interleave(2)[:, None]) | (keys[None] >= padded)
+        real = keys[None] >= padded - torch.tensor(lengths, device=device).repeat_interleave(2)[:, None]  # (prefixes end at `padded`)
         mask = real[:, None, None, :].expand(rows, 1, tokens, padded + tokens).clone()
         mask[:, :, 0, padded + 1 :] = False  # <timestep> does not see the image
         layout = ImageRowsMask(tuple(n for n in lengths for _ in range(2)), padded)

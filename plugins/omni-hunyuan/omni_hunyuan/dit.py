@@ -12,7 +12,8 @@ the cond row starts from the ``ar`` stage's keys/values (``prefix_kv``: every to
 all but the ratio token it sampled last), so only the rest of that row is computed here
 (``reuse_prefix_kv: false``: all of it, for the same image). Requests at
 different steps and with prompts of different lengths share one forward (`denoise`): their caches are
-right-padded and masked, their timesteps are per row, and each request keeps its own sigmas.
+padded on the left, the padding left out of attention, their timesteps are per row, and each request
+keeps its own sigmas.
 The core's ``cache`` parameter (first-block caching) is decided per row: a row whose first layer's
 output barely changed skips the other layers and reuses what they added last time.
 The defaults (steps, guidance, flow shift, template) come from the checkpoint's generation_config;
@@ -101,6 +102,9 @@ class HunyuanDiT(DiffusionModel):
         base = self.config.image_base_size
         self.num_ratios = len(self.tokens.ratios)
         self.drawable = drawable(base, self.num_ratios, self.config.vae_downsample)
+        # The last batch's caches and their concatenation: the same requests step together for many
+        # steps, so `denoise` pads and concatenates their keys/values once, not at every step.
+        self._batch: tuple[list[PrefixCache], PrefixCache] | None = None
 
     def _param(self, data: dict[str, Any], params: dict[str, Any], key: str, default: Any) -> Any:
         return params.get(key, data.get(key, default))
@@ -211,13 +215,13 @@ class HunyuanDiT(DiffusionModel):
         timesteps = torch.stack([state.sigmas[sample.step] * 1000 for sample, state in zip(samples, states)])
         caches = [prefix.cache for prefix in prefixes]
         assert all(cache is not None for cache in caches)
+        if self._batch is None or len(self._batch[0]) != len(caches) or any(a is not b for a, b in zip(self._batch[0], caches)):
+            self._batch = (caches, PrefixCache.concat(caches))  # type: ignore[arg-type]
         # Row r of a sample is its CFG branch r (cond, uncond): first-block caching decides per row.
         cache_rows = [(sample.cache, branch) for sample, n in zip(samples, rows) for branch in range(n)]
         steps = [sample.step for sample, n in zip(samples, rows) for _ in range(n)]
         totals = [sample.total_steps for sample, n in zip(samples, rows) for _ in range(n)]
-        velocity = self.transformer.velocity(
-            PrefixCache.concat(caches), latents, timesteps, cache_rows, steps, totals, repeats=rows  # type: ignore[arg-type]
-        ).float()
+        velocity = self.transformer.velocity(self._batch[1], latents, timesteps, cache_rows, steps, totals, repeats=rows).float()
         for sample, state, part in zip(samples, states, velocity.split(rows)):
             if part.shape[0] == 2:
                 cond, uncond = part.chunk(2)
@@ -230,4 +234,5 @@ class HunyuanDiT(DiffusionModel):
         images = decode_latents(self.decoder, torch.cat([s.state.latents for s in samples]), self.config.vae).cpu().numpy()
         for sample in samples:
             sample.state.prefix = None  # the prefix KV is the request's largest state: let it go now
+        self._batch = None  # (it holds the finished samples' caches too)
         return [{"image": image} for image in images]

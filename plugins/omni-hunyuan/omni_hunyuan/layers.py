@@ -44,12 +44,13 @@ class RMSNorm(nn.Module):
 class ImageRowsMask:
     """The attention of a denoising forward (`HunyuanImage3.velocity`), without a dense mask.
 
-    Row b's keys are the first ``lengths[b]`` of ``padded`` cached prefix keys (the rest is padding),
-    then its new tokens: ``<timestep>`` and the image. Its ``<timestep>`` query sees the prefix and
-    itself; its image queries see every key of the row. `attend` runs that as unmasked attention per
-    run of consecutive rows with one prefix length, which SDPA runs on its flash kernels: a dense
-    boolean mask sends it to a kernel ~3x slower at 1024x1024 (bench/hunyuan_profile.py). Rows
-    sorted by prefix length make the fewest runs (`HunyuanDiT.denoise` sorts its requests so).
+    Row b's keys are its prefix, the last ``lengths[b]`` of ``padded`` cached prefix keys (the padding
+    comes first: `PrefixCache.concat` right-aligns the prefixes), then its new tokens: ``<timestep>``
+    and the image. Its ``<timestep>`` query sees the prefix and itself; its image queries see every
+    key of the row. `attend` runs that as unmasked attention per run of consecutive rows with one
+    prefix length, which SDPA runs on its flash kernels: a dense boolean mask sends it to a kernel ~3x
+    slower at 1024x1024 (bench/hunyuan_profile.py). Rows sorted by prefix length make the fewest runs
+    (`HunyuanDiT.denoise` sorts its requests so).
     """
 
     lengths: tuple[int, ...]
@@ -70,22 +71,24 @@ class ImageRowsMask:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``q``/``k``/``v`` ``[B, heads or kv_heads, 1 + image, dim]`` of the new tokens, `past` the
-        padded prefix keys/values ``[B, kv_heads, padded, dim]``: the output ``[B, heads, 1 + image, dim]``.
+        right-aligned prefix keys/values ``[B, kv_heads, padded, dim]``: the output ``[B, heads, 1 + image, dim]``.
 
-        Rows are sliced (views), never gathered: each run's keys are its prefix then its new keys (one
-        concatenation), and its queries run in one call, ``<timestep>`` included (it then saw the
-        image too: its output is recomputed over the prefix and itself, one query a row, in place).
-        Several runs write into one output laid out as ``o_proj`` reads it (`Attention.output`)."""
+        Every row's keys (values) are copied once into one buffer, the prefixes then the new keys; a
+        run's keys are then a view of it (its rows, from its prefix on), and its queries run in one
+        call, ``<timestep>`` included (it then saw the image too: its output is recomputed over the
+        prefix and itself, one query a row, in place). Several runs write into one output laid out
+        as ``o_proj`` reads it (`Attention.output`)."""
         runs = self.runs()
         batch, heads, seq, dim = q.shape
+        padded = self.padded
+        keys, values = (_prefix_then_new(*pair, padded) for pair in ((past[0], k), (past[1], v)))
         out = None
         for start, stop, length in runs:
-            keys = torch.cat([past[0][start:stop, :, :length], k[start:stop]], dim=2)
-            values = torch.cat([past[1][start:stop, :, :length], v[start:stop]], dim=2)
+            run_k, run_v = keys[start:stop, :, padded - length :], values[start:stop, :, padded - length :]
             queries = q[start:stop]
-            part = F.scaled_dot_product_attention(queries, keys, values, enable_gqa=True)
+            part = F.scaled_dot_product_attention(queries, run_k, run_v, enable_gqa=True)
             part[:, :, :1] = F.scaled_dot_product_attention(
-                queries[:, :, :1], keys[:, :, : length + 1], values[:, :, : length + 1], enable_gqa=True
+                queries[:, :, :1], run_k[:, :, : length + 1], run_v[:, :, : length + 1], enable_gqa=True
             )
             if len(runs) == 1:
                 return part
@@ -94,6 +97,16 @@ class ImageRowsMask:
             out[start:stop] = part
         assert out is not None
         return out
+
+
+def _prefix_then_new(past: torch.Tensor, new: torch.Tensor, padded: int) -> torch.Tensor:
+    """``cat([past, new], dim=2)`` as two copies into one buffer (a strided `new`, as the fused qkv
+    leaves values, copies at full bandwidth; `torch.cat`'s batched copy does not)."""
+    batch, heads, seq, dim = new.shape
+    out = new.new_empty(batch, heads, padded + seq, dim)
+    out[:, :, :padded] = past
+    out[:, :, padded:] = new
+    return out
 
 
 class Attention(nn.Module):
@@ -204,15 +217,16 @@ class Dispatch:
 
     order: torch.Tensor  # [T*k]: the (token, slot) pairs grouped by expert, tokens in order
     ends: torch.Tensor  # int32 [experts]: where each expert's pairs end in `order`
-    host_ends: torch.Tensor | None = None  # `ends` on the host (one matmul per expert needs the slice bounds)
+    host_ends: torch.Tensor | None = None  # `ends` on the host (one matmul per expert needs the counts)
     ready: torch.cuda.Event | None = None  # recorded after `host_ends`' asynchronous copy
 
-    def bounds(self) -> list[int]:
-        """The slice bounds ``[0, end_0, end_1, ...]`` on the host (waits for the copy)."""
+    def counts(self) -> list[int]:
+        """Each expert's number of (token, slot) pairs, on the host (waits for the copy)."""
         assert self.host_ends is not None
         if self.ready is not None:
             self.ready.synchronize()
-        return [0, *self.host_ends.tolist()]
+        ends = self.host_ends.tolist()
+        return [stop - start for start, stop in zip([0, *ends[:-1]], ends)]
 
 
 class MoE(nn.Module):
@@ -271,7 +285,7 @@ class MoE(nn.Module):
 
     def dispatch(self, chosen: torch.Tensor, kernels: LayerKernels | None = None) -> Dispatch:
         """Where the routed (token, slot) pairs go (`Dispatch`). Called as soon as the routing is known:
-        with one matmul per expert (``kernels.expert_gemms``) the slice bounds start their copy to the
+        with one matmul per expert (``kernels.expert_gemms``) the counts start their copy to the
         host here, so the GPU works through what is queued after (the shared expert, the row gather)
         while `grouped_experts` waits for them."""
         kernels = EAGER if kernels is None else kernels
@@ -312,8 +326,8 @@ class MoE(nn.Module):
             down = dequantize_stacked(down, self.grouped_down_scale, tokens.dtype)
         x = tokens.index_select(0, rows)
         if plan.host_ends is not None:
-            bounds = plan.bounds()  # (waits for the copy `dispatch` started; the GPU still has the gather)
-            out = per_expert_mm(kernels.act(per_expert_mm(x, up, bounds)), down, bounds)
+            counts = plan.counts()  # (waits for the copy `dispatch` started; the GPU still has the gather)
+            out = per_expert_mm(kernels.act(per_expert_mm(x, up, counts)), down, counts)
         else:
             out = torch._grouped_mm(kernels.act(torch._grouped_mm(x, up.transpose(1, 2), offs=ends)), down.transpose(1, 2), offs=ends)
         return out, inverse
@@ -354,13 +368,14 @@ def group_experts(layers: Iterable[nn.Module]) -> None:
             moe.group_experts()
 
 
-def per_expert_mm(x: torch.Tensor, weights: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-    """``x[bounds[e]:bounds[e + 1]] @ weights[e].T`` for every expert e, into one ``[rows, out]`` tensor:
-    `torch._grouped_mm`'s product, one dense matmul per expert."""
+def per_expert_mm(x: torch.Tensor, weights: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Expert e's ``counts[e]`` rows of `x` (in expert order) times ``weights[e].T``, into one ``[rows,
+    out]`` tensor: `torch._grouped_mm`'s product, one dense matmul per expert. (The views come from
+    one `split` and one `unbind` each: the host launches ~130 matmuls a layer.)"""
     out = x.new_empty(x.shape[0], weights.shape[1])
-    for expert, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
-        if stop > start:
-            torch.mm(x[start:stop], weights[expert].t(), out=out[start:stop])
+    for rows, weight, into in zip(x.split(counts), weights.transpose(1, 2).unbind(0), out.split(counts), strict=True):
+        if rows.shape[0]:
+            torch.mm(rows, weight, out=into)
     return out
 
 
@@ -431,7 +446,7 @@ class LayerKernels:
     act_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = swiglu_fp8
     # How grouped bf16 experts multiply (`MoE.grouped_experts`): "grouped", one `torch._grouped_mm` a
     # projection (no host sync), or "per_expert", one dense matmul an expert on its slice of rows (the
-    # host waits a layer for the slice bounds; `MoE.dispatch` starts their copy early). With thousands
+    # host waits a layer for the counts; `MoE.dispatch` starts their copy early). With thousands
     # of rows an expert (denoising forwards: `compiled`) cuBLAS runs them faster than the grouped kernel:
     # served on an H100 at concurrency 4, 4.7% more images/s (bench/results/hunyuan-image3-h100-8layers-50steps-gemms.md).
     expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert")))

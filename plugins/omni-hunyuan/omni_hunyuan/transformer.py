@@ -38,8 +38,9 @@ KV = tuple[torch.Tensor, torch.Tensor]
 class PrefixCache:
     """Per-layer keys/values ``[B, kv_heads, length, head_dim]`` of a batch of text prefixes.
 
-    Rows may be shorter than `length` (`lengths` per row): `concat` right-pads them so prompts of
-    different lengths share one denoising forward, and `velocity` masks the padding out.
+    Rows may be shorter than `length` (`lengths` per row): `concat` pads them on the left (each row's
+    prefix ends at `length`) so prompts of different lengths share one denoising forward, and
+    `velocity` leaves the padding out (`ImageRowsMask`).
     """
 
     layers: tuple[KV, ...]
@@ -64,13 +65,13 @@ class PrefixCache:
 
     @staticmethod
     def concat(caches: list[PrefixCache]) -> PrefixCache:
-        """One cache of every row of `caches` (right-padded with zeros to the longest)."""
+        """One cache of every row of `caches`, each padded with zeros on the left to the longest."""
         if len(caches) == 1:
             return caches[0]
         longest = max(cache.length for cache in caches)
 
         def pad(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, 0, 0, longest - t.shape[2]))
+            return torch.nn.functional.pad(t, (0, 0, longest - t.shape[2], 0))
 
         layers = tuple(
             (torch.cat([pad(c.layers[i][0]) for c in caches]), torch.cat([pad(c.layers[i][1]) for c in caches]))

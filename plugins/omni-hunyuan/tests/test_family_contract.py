@@ -28,8 +28,8 @@ class TestHunyuanImage3Family(FamilyContract):
     }
     params = {"ar": {"max_tokens": 8, "temperature": 0.0}, "dit": {"num_inference_steps": 2}}  # noqa: RUF012
     modality_sets = (("image",), ("text",))
-    # Prompts of different lengths share a forward through right-padded, masked text caches: the
-    # same numbers up to float rounding, at most one 8-bit level.
+    # Prompts of different lengths share a forward through left-padded text caches (the padding left
+    # out of attention): the same numbers up to float rounding, at most one 8-bit level.
     tolerance = {"image": 1}  # noqa: RUF012
 
     @pytest.fixture(scope="class")

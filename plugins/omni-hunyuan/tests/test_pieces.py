@@ -87,8 +87,9 @@ def test_vae_keys_round_trip_and_decode_equals_diffusers(checkpoint: Path, vae: 
 
 def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
     """The sampler's text KV, computed once and reused by every step, against recomputing it from the
-    whole row at every step: latents within 1e-5, the same 8-bit image (issue 25's KV-reuse criterion;
-    the cached step's equality with one dense masked forward is the test above)."""
+    whole row at every step: latents within 1e-5, the same 8-bit image up to rounding-boundary values
+    (issue 25's KV-reuse criterion; the cached step's equality with one dense masked forward is the
+    test above)."""
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.prompt import t2i_rows
     from omni_hunyuan.sampler import flow_sigmas, initial_noise, sample_t2i
@@ -108,7 +109,10 @@ def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: P
             cond, uncond = model.velocity_from_ids(rows.rows, latents.expand(2, -1, -1, -1), t, tokens.image).chunk(2)
             latents = latents + (uncond + guidance * (cond - uncond)) * (sigmas[step + 1] - sigmas[step])
     torch.testing.assert_close(cached, latents, atol=1e-5, rtol=1e-5)
-    assert torch.equal(decode_latents(decoder, cached, config.vae), decode_latents(decoder, latents, config.vae))
+    # The same 8-bit image up to values on a rounding boundary: latents ~4e-6 apart can move such a
+    # value one level (1 of 12,288 values on one CPU, none on another), as in the contract test.
+    with_cache, recomputed = (decode_latents(decoder, x, config.vae).int() for x in (cached, latents))
+    assert (with_cache - recomputed).abs().max() <= 1 and (with_cache != recomputed).float().mean() < 0.001
 
 
 def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
@@ -149,7 +153,7 @@ def test_image_rows_attention_equals_a_dense_mask() -> None:
         k, v = (torch.randn(batch, kv_heads, new, dim, generator=generator) for _ in range(2))
         past = tuple(torch.randn(batch, kv_heads, padded, dim, generator=generator) for _ in range(2))
         keys = torch.arange(padded + new)
-        real = (keys[None] < torch.tensor(lengths)[:, None]) | (keys[None] >= padded)
+        real = keys[None] >= padded - torch.tensor(lengths)[:, None]  # (each prefix ends at `padded`)
         dense = real[:, None, None, :].expand(batch, 1, new, padded + new).clone()
         dense[:, :, 0, padded + 1 :] = False  # <timestep> does not see the image
         want = F.scaled_dot_product_attention(
