@@ -86,6 +86,18 @@ def attention(lengths):
         right_k[b, :, P - n :] = past_k[b, :, :n]
         right_v[b, :, P - n :] = past_v[b, :, :n]
 
+    def attend_views(bk, bv):
+        """Each run on views of the [B, KV, P + N, D] buffers (as `ImageRowsMask.attend`)."""
+        out = q.new_empty(B, N, H, D).transpose(1, 2)
+        for start, stop, length in runs:
+            keys, values = bk[start:stop, :, P - length :], bv[start:stop, :, P - length :]
+            part = F.scaled_dot_product_attention(q[start:stop], keys, values, enable_gqa=True)
+            part[:, :, :1] = F.scaled_dot_product_attention(q[start:stop, :, :1], keys[:, :, : length + 1], values[:, :, : length + 1], enable_gqa=True)
+            if len(runs) == 1:
+                return part
+            out[start:stop] = part
+        return out
+
     def buffer_bhsd(persistent=None):
         if persistent is None:
             bk = q.new_empty(B, KV, P + N, D)
@@ -96,15 +108,7 @@ def attention(lengths):
             bk, bv = persistent
         bk[:, :, P:] = k
         bv[:, :, P:] = v
-        out = q.new_empty(B, N, H, D).transpose(1, 2)
-        for start, stop, length in runs:
-            keys, values = bk[start:stop, :, P - length :], bv[start:stop, :, P - length :]
-            part = F.scaled_dot_product_attention(q[start:stop], keys, values, enable_gqa=True)
-            part[:, :, :1] = F.scaled_dot_product_attention(q[start:stop, :, :1], keys[:, :, : length + 1], values[:, :, : length + 1], enable_gqa=True)
-            if len(runs) == 1:
-                return part
-            out[start:stop] = part
-        return out
+        return attend_views(bk, bv)
 
     def buffer_bshd(persistent=None):
         if persistent is None:
@@ -117,15 +121,7 @@ def attention(lengths):
         bk[:, P:] = k.transpose(1, 2)
         bv[:, P:] = v.transpose(1, 2)
         bk, bv = bk.transpose(1, 2), bv.transpose(1, 2)
-        out = q.new_empty(B, N, H, D).transpose(1, 2)
-        for start, stop, length in runs:
-            keys, values = bk[start:stop, :, P - length :], bv[start:stop, :, P - length :]
-            part = F.scaled_dot_product_attention(q[start:stop], keys, values, enable_gqa=True)
-            part[:, :, :1] = F.scaled_dot_product_attention(q[start:stop, :, :1], keys[:, :, : length + 1], values[:, :, : length + 1], enable_gqa=True)
-            if len(runs) == 1:
-                return part
-            out[start:stop] = part
-        return out
+        return attend_views(bk, bv)
 
     kfull = torch.randn(B, KV, P + N, D, device=dev, dtype=dt)
     vfull = torch.randn_like(kfull)
