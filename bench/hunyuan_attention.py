@@ -65,7 +65,7 @@ def attention(lengths):
     v = qkv[:, :, :, G + 1].transpose(1, 2)
     past_k = torch.randn(B, KV, P, D, device=dev, dtype=dt)
     past_v = torch.randn(B, KV, P, D, device=dev, dtype=dt)
-    for b, n in enumerate(lengths):  # right-padded, as PrefixCache.concat
+    for b, n in enumerate(lengths):  # right-padded, as PrefixCache.concat padded them before the buffer
         past_k[b, :, n:] = 0
         past_v[b, :, n:] = 0
 
