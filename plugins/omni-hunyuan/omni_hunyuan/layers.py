@@ -79,10 +79,15 @@ class ImageRowsMask:
         call, ``<timestep>`` included (it then saw the image too: its output is recomputed over the
         prefix and itself, one query a row, in place). Several runs write into one output laid out
         as ``o_proj`` reads it (`Attention.output`)."""
+        keys, values = (_prefix_then_new(*pair, self.padded) for pair in ((past[0], k), (past[1], v)))
+        return self.attend_buffers(q, keys, values)
+
+    def attend_buffers(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """`attend` given the buffers: every row's keys/values ``[B, kv_heads, padded + 1 + image, dim]``,
+        the right-aligned prefix then the new tokens (any strides with the last dim contiguous)."""
         runs = self.runs()
         batch, heads, seq, dim = q.shape
         padded = self.padded
-        keys, values = (_prefix_then_new(*pair, padded) for pair in ((past[0], k), (past[1], v)))
         out = None
         for start, stop, length in runs:
             run_k, run_v = keys[start:stop, :, padded - length :], values[start:stop, :, padded - length :]
