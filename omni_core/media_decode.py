@@ -8,7 +8,9 @@ The limits are module constants (a family may pass tighter ones); every refusal 
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Iterator
 from typing import Any
 
 from omni_core.errors import InvalidRequestError
@@ -20,19 +22,36 @@ MAX_AUDIO_SECONDS = 600.0
 # Frames of one video, and their pixels summed (decoded RGB takes 3 bytes a pixel).
 MAX_VIDEO_FRAMES = 20_000
 MAX_VIDEO_PIXELS = 2**31
+# What "a readable image" means in a refusal: the formats PIL reads (its common ones named).
+READABLE_IMAGES = "PNG, JPEG, WebP, GIF, BMP, TIFF, ..."
 
 
 def open_image(raw: bytes, where: str, param: str | None = None, max_pixels: int = MAX_IMAGE_PIXELS) -> Any:
     """Encoded image bytes -> a PIL RGB image, its size checked (from the header) before decoding."""
+    from PIL import Image
+
+    with _image_errors(where, param or where, max_pixels), Image.open(io.BytesIO(raw)) as image:  # (the header only)
+        check_image_size(image.width, image.height, where, param, max_pixels)
+        image.load()
+        return image.convert("RGB")
+
+
+def check_image(raw: bytes, where: str, param: str | None = None, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+    """A 400 unless encoded image bytes have the header of an image PIL reads, of at most
+    `max_pixels` pixels: what a server checks before the family decodes the pixels."""
+    from PIL import Image
+
+    with _image_errors(where, param or where, max_pixels), Image.open(io.BytesIO(raw)) as image:
+        check_image_size(image.width, image.height, where, param, max_pixels)
+
+
+@contextlib.contextmanager
+def _image_errors(where: str, param: str, max_pixels: int) -> Iterator[None]:
+    """PIL's failures while opening or decoding an image as `InvalidRequestError`s naming `where`."""
     from PIL import Image, UnidentifiedImageError
 
-    param = param or where
     try:
-        with Image.open(io.BytesIO(raw)) as image:  # reads the header only
-            if image.width * image.height > max_pixels:
-                raise _too_many_pixels(where, param, image.width, image.height, max_pixels)
-            image.load()
-            return image.convert("RGB")
+        yield
     except Image.DecompressionBombError as exc:  # over PIL's own, larger limit: refused in `open`
         import re
 
@@ -41,7 +60,9 @@ def open_image(raw: bytes, where: str, param: str | None = None, max_pixels: int
         raise InvalidRequestError(
             f"{where}: the image is {said}; images are limited to {max_pixels} pixels: downscale it first", param=param
         ) from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except UnidentifiedImageError:
+        raise InvalidRequestError(f"{where}: cannot decode the image: not a readable image ({READABLE_IMAGES})", param=param) from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise InvalidRequestError(f"{where}: cannot decode the image ({_reason(exc)})", param=param) from None
 
 

@@ -419,7 +419,7 @@ def test_the_request_helpers_plugins_share() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "b"}]},
     ]
     assert last_user_text(messages, reads=("image_url",)) == "a b"
-    with pytest.raises(InvalidRequestError, match=r"messages\[2\]: a 'image_url' content part; this model reads text$"):
+    with pytest.raises(InvalidRequestError, match=r"^messages\[2\]\.content\[1\]: this model takes no image in a chat message \(the part is of type 'image_url'; it reads text\)$"):
         last_user_text(messages)  # a family that reads no images never drops one silently
     assert last_user_text([{"role": "assistant", "content": "x"}]) is None
     assert int_param(3, "n") == 3 and number_param(2, "scale") == 2.0

@@ -44,7 +44,7 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--modalities", default=None, help="Comma-separated outputs, e.g. text,audio (default: the pipeline's).")
 @click.option("--stage-params", default=None, metavar="JSON", help='Per-stage parameters, e.g. \'{"thinker": {"max_tokens": 32}}\'.')
 @click.option("--task", default=None, help="The pipeline task to run, for a family with tasks (default: the modalities pick it).")
-@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="An input image file (repeatable), sent before the prompt in one chat message, as image_url parts: for a model that reads images (e.g. Qwen3-Omni, HunyuanImage-3.0 i2t; for Cosmos3 with --modalities action, the first frame).")
+@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="An input image file (repeatable), sent before the prompt in one chat message, as image_url parts: for a model that reads images (e.g. Qwen3-Omni, HunyuanImage-3.0 i2t; for Cosmos3 with --modalities action, the first frame). For a video (--modalities video, or a model whose default is one, e.g. MiniMax-H3) the first --image is the first frame and a second the last one, as /v1/videos' input_reference and last_frame.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Directory for media outputs (WAV, PNG, MP4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with prompt_token_ids and token_ids).")
 @click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")
@@ -65,6 +65,7 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
     unknown = [m for m in wanted or () if m not in pipeline.modalities]
     if unknown:
         raise InvalidRequestError(f"{model} does not produce {', '.join(unknown)}; it produces {', '.join(pipeline.modalities)}", param="modalities")
+    keyframes = _keyframes(images) if images and "video" in (wanted or pipeline.default_modalities) else None
     click.echo(f"Loading {model} ({pipeline.family}: {' -> '.join(s.name for s in pipeline.stages)}) ...", err=True)
     with Omni(pipeline) as omni:
         stream_text = not as_json and sys.stdout.isatty()
@@ -75,7 +76,9 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
             elif delta.modality != "text" and _worth_a_line(delta):
                 click.echo(_describe(delta), err=True)
 
-        if images:
+        if keyframes is not None:
+            request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task, extra=keyframes)
+        elif images:
             content = [*({"type": "image_url", "image_url": {"url": _data_url(path)}} for path in images), {"type": "text", "text": prompt}]
             request = OmniRequest(messages=[{"role": "user", "content": content}], modalities=wanted, params=params or {}, task=task)
         else:
@@ -105,6 +108,14 @@ def _data_url(path: Path) -> str:
 
     kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def _keyframes(images: tuple[Path, ...]) -> dict[str, str]:
+    """A video request's ``--image`` files as its first and last frames: the request fields
+    ``image`` and ``last_image`` that /v1/videos' ``input_reference`` and ``last_frame`` become."""
+    if len(images) > 2:
+        raise click.UsageError(f"a video takes at most two --image files (its first and last frames), got {len(images)}")
+    return dict(zip(("image", "last_image"), map(_data_url, images)))
 
 
 def _worth_a_line(delta: Any) -> bool:

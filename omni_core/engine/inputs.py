@@ -35,20 +35,30 @@ class TextPromptProcessor(InputProcessor):
         return {name: StageInput(data=dict(data), final=True) for name in self.entries(request.task)}
 
 
-def last_user_text(messages: list[dict[str, Any]], reads: tuple[str, ...] = ()) -> str | None:
+# What a chat content part of each type carries, in words.
+PART_MEDIA = {"text": "text", "image_url": "image", "image": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
+
+
+def last_user_text(messages: list[dict[str, Any]], reads: tuple[str, ...] = (), hint: str = "") -> str | None:
     """The text of the last user message in OpenAI chat `messages` (its text parts joined with
     spaces), or None: what an image or video family takes as its prompt.
 
     A content part of another type than ``text`` and `reads` (the part types the family reads on its
-    own, e.g. ``("image_url",)``), in any message, is an `InvalidRequestError`: never silently dropped.
+    own, e.g. ``("image_url",)``), in any message, is an `InvalidRequestError` naming the part, never
+    silently dropped; `hint` ends its message (where the family takes such a medium instead).
     """
     for index, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else ():
+        for number, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" and kind not in reads:
-                takes = ", ".join(("text", *reads))
-                raise InvalidRequestError(f"messages[{index}]: a {kind!r} content part; this model reads {takes}", param="messages")
+                where = f"messages[{index}].content[{number}]"
+                what = PART_MEDIA.get(kind, f"{kind!r} content part") if isinstance(kind, str) else "content part without a type"
+                takes = " and ".join(dict.fromkeys(PART_MEDIA.get(r, repr(r)) for r in ("text", *reads)))
+                raise InvalidRequestError(
+                    f"{where}: this model takes no {what} in a chat message (the part is of type {kind!r}; it reads {takes}){hint}",
+                    param=where,
+                )
     for message in reversed(messages):
         if message.get("role") != "user":
             continue
@@ -71,30 +81,33 @@ def last_user_images(messages: list[dict[str, Any]] | None, limit: int, reader: 
     from omni_core.media_access import data_url_bytes
     from omni_core.media_decode import open_image
 
-    listed = [m for m in messages or () if isinstance(m, dict)]
-    last = next((i for i in range(len(listed) - 1, -1, -1) if listed[i].get("role") == "user"), None)
-    parts: list[dict[str, Any]] = []
+    listed = list(messages or ())
+    last = next((i for i in range(len(listed) - 1, -1, -1) if isinstance(listed[i], dict) and listed[i].get("role") == "user"), None)
+    parts: list[tuple[str, dict[str, Any]]] = []  # (the part's path, the part)
     for number, message in enumerate(listed):
-        content = message.get("content")
-        found = [p for p in (content if isinstance(content, list) else ()) if isinstance(p, dict) and p.get("type") in ("image_url", "image")]
+        content = message.get("content") if isinstance(message, dict) else None
+        found = [
+            (f"messages[{number}].content[{index}]", part) for index, part in enumerate(content if isinstance(content, list) else ())
+            if isinstance(part, dict) and part.get("type") in ("image_url", "image")
+        ]
         if found and number != last:
-            raise InvalidRequestError(f"messages[{number}]: {reader} reads the images of the last user message only", param="messages")
+            raise InvalidRequestError(f"messages[{number}]: {reader} reads the images of the last user message only", param=f"messages[{number}]")
         parts += found
     if len(parts) > limit:
         raise InvalidRequestError(f"messages: {len(parts)} images; {reader} takes at most {limit} per request", param="messages")
     images: list[Any] = []
-    for part in parts:
-        where = f"messages: image {len(images) + 1}"
+    for path, part in parts:
         if part["type"] == "image_url":
             value = part.get("image_url")
             url = value.get("url") if isinstance(value, dict) else value
+            where = f"{path}.image_url.url" if isinstance(value, dict) else f"{path}.image_url"
             if not isinstance(url, str):
-                raise InvalidRequestError(f"{where}: image_url needs a url", param="messages")
-            images.append(open_image(data_url_bytes(url, where)[1], where, "messages"))
+                raise InvalidRequestError(f"{path}.image_url: needs a url (a base64 data: URL)", param=f"{path}.image_url")
+            images.append(open_image(data_url_bytes(url, where)[1], where))
         else:
             from PIL import Image
 
             if not isinstance(part.get("image"), Image.Image):
-                raise InvalidRequestError(f"{where}: 'image' must be a PIL image", param="messages")
+                raise InvalidRequestError(f"{path}.image: must be a PIL image", param=f"{path}.image")
             images.append(part["image"].convert("RGB"))
     return images

@@ -20,6 +20,7 @@ from omni_core import __version__
 from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.errors import OmniError
 from omni_core.media_access import MediaAccess
+from omni_core.server.bodies import JSONRequest, check_body
 from omni_core.server.errors import handle_exception
 from omni_core.server.metrics import ServerMetrics
 from omni_core.server.requests import max_prompt_chars as default_max_prompt_chars
@@ -70,6 +71,12 @@ async def _check_api_key(request: Request) -> None:
         raise NotAuthorizedException("missing or invalid API key: send 'Authorization: Bearer <key>'")
 
 
+async def _before_request(request: Request) -> None:
+    """The API key first (a client without one learns nothing about the routes' bodies), then the body."""
+    await _check_api_key(request)
+    await check_body(request)
+
+
 def create_app(
     engine: AsyncOmniEngine,
     *,
@@ -106,7 +113,8 @@ def create_app(
     app = Litestar(
         route_handlers=[*ROUTES, *extra_routes],
         lifespan=[lifespan],
-        before_request=_check_api_key,
+        before_request=_before_request,
+        request_class=JSONRequest,
         exception_handlers={Exception: handle_exception},
         middleware=[_metrics_middleware],
         request_max_body_size=max_body_bytes,

@@ -22,23 +22,31 @@ import re
 from typing import Any, ClassVar
 
 import msgspec
-from litestar import Request
 from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
+from litestar.types import Empty
 
+from omni_core.server.bodies import JSONRequest
 from omni_core.server.errors import APIError
 
 _KEY = re.compile(r"\[([^\[\]]*)\]")
 
 
-class FormRequest(Request):
-    """A request whose `json()` also reads a ``multipart/form-data`` body (see the module)."""
+class FormRequest(JSONRequest):
+    """A request whose `json()` also reads a ``multipart/form-data`` body (see the module), once: the
+    route's body and the server's scan for fields it ignores read the same object."""
 
+    body_types = (*JSONRequest.body_types, RequestEncodingType.MULTI_PART.value)
     json_fields: ClassVar[frozenset[str]] = frozenset()
 
     async def json(self) -> Any:
         if self.content_type[0] != RequestEncodingType.MULTI_PART:
             return await super().json()
+        if self._connection_state.json is Empty:
+            self._connection_state.json = await self._form_body()
+        return self._connection_state.json
+
+    async def _form_body(self) -> dict[str, Any]:
         form = await self.form()
         body: dict[str, Any] = {}
         for key, value in form.multi_items():

@@ -19,7 +19,8 @@ from typing import Any
 import msgspec
 
 from omni_core.errors import InvalidRequestError
-from omni_core.media_access import MediaAccess, as_data_url
+from omni_core.media_access import MediaAccess, as_data_url, data_url_bytes
+from omni_core.media_decode import check_image
 from omni_core.server.errors import APIError
 from omni_core.server.protocol import ChatMessage
 
@@ -44,7 +45,7 @@ def chat_messages(messages: Sequence[ChatMessage], access: MediaAccess = MediaAc
             if kind not in URL_PARTS:
                 continue
             where = f"messages[{i}].content[{j}].{kind}.url"
-            url = data_url(part[kind]["url"], access, where)
+            url = data_url(part[kind]["url"], access, where, image=kind == "image_url")
             part[kind]["url"] = url
             if kind == "audio_url":
                 content[j] = audio_part(url, where)
@@ -68,12 +69,18 @@ def inline_media_params(params: dict[str, dict[str, Any]], media_params: Mapping
                 values[name] = [data_url(item, access, f"{where}[{i}]", param=where) for i, item in enumerate(value)]
 
 
-def data_url(url: str, access: MediaAccess, where: str, param: str | None = None) -> str:
-    """`omni_core.media_access.as_data_url` with its refusal as a 400 (`param`: default `where`)."""
+def data_url(url: str, access: MediaAccess, where: str, param: str | None = None, image: bool = False) -> str:
+    """`omni_core.media_access.as_data_url` with its refusal as a 400 (`param`: default `where`).
+    An image (`image`, or a ``data:image/...`` URL) must be base64 of an image PIL reads (its header
+    checked: `check_image`), so that a client learns which of its fields is not one under that
+    field's name, not under the name the model family gives the image."""
     try:
-        return as_data_url(url, access, where)
+        url = as_data_url(url, access, where)
+        if image or url[5:11].lower() == "image/":
+            check_image(data_url_bytes(url, where)[1], where)
     except InvalidRequestError as exc:
         raise APIError(400, str(exc), param=param or where) from None
+    return url
 
 
 def audio_part(url: str, where: str) -> dict[str, Any]:

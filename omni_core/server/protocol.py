@@ -144,7 +144,9 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
     ``"transparent"`` is refused (the images have no alpha); `quality`, `style`, `moderation` and
     `user` are accepted and change nothing. vLLM-Omni's: `seed`, and `num_inference_steps`,
     `guidance_scale`, `negative_prompt`, which go to the stage that draws (`stage_params` wins per
-    key; a parameter that stage does not take is a 400 naming it).
+    key; a parameter that stage does not take is a 400 naming it). `task` (extension), as a chat
+    completion's: the pipeline task of a family that declares tasks (one that does not produce
+    images, or that the family lacks, is a 400).
     """
 
     model: str
@@ -164,6 +166,7 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
     guidance_scale: float | None = None
     negative_prompt: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
+    task: str | None = None
 
 
 class VideoRequest(msgspec.Struct, kw_only=True):

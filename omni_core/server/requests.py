@@ -179,10 +179,21 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
     check_prompt_size(message_chars(body.messages), max_chars, "messages")
     listed = stage_params_from_list(pipeline, body.sampling_params_list) if body.sampling_params_list is not None else None
     # A named task without modalities gets its own (`TaskSpec.modalities`), not the chat defaults.
+    if body.modalities is not None and not body.modalities:
+        raise APIError(400, 'modalities must name at least one of text, audio, image (or be left out: the model\'s defaults)', param="modalities")
     modalities = tuple(body.modalities) if body.modalities else (() if body.task else chat_default_modalities(pipeline))
     for modality in modalities:
         if modality not in pipeline.modalities:
-            raise APIError(400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}", param="modalities", code="unsupported_modality")
+            elsewhere = " (its videos come from /v1/videos)" if "video" in pipeline.modalities else ""
+            raise APIError(
+                400, f"this model does not produce {modality}; it produces {', '.join(pipeline.modalities)}{elsewhere}",
+                param="modalities", code="unsupported_modality",
+            )
+        if modality not in CHAT_MODALITIES:
+            raise APIError(
+                400, f"a chat completion carries {', '.join(CHAT_MODALITIES)}, not {modality}: ask /v1/videos for videos",
+                param="modalities", code="unsupported_modality",
+            )
     sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -307,8 +318,8 @@ def video_request(
                 if name in ("type", "sample_rate"):
                     continue
                 if not isinstance(value, str):
-                    raise APIError(400, f"references[{index}].{name} must be a base64 data: URL", param="references")
-                resolved[name] = data_url(value, media, f"references[{index}].{name}", param="references")
+                    raise APIError(400, f"references[{index}].{name} must be a base64 data: URL", param=f"references[{index}].{name}")
+                resolved[name] = data_url(value, media, f"references[{index}].{name}")
             references.append(resolved)
         extra["references"] = references
     drawing = drawing_params(pipeline, body, VIDEO_DRAWING_FIELDS, takes)

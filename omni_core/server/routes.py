@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Literal
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from litestar.enums import RequestEncodingType
 from litestar.openapi import ResponseSpec
 from litestar.params import Body
 from litestar.response import ServerSentEvent
@@ -53,12 +54,17 @@ logger = logging.getLogger(__name__)
 async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, request: Request | None = None) -> OmniRequest:
     """``build(data, pipeline, *args)``, then its media stage parameters inlined
     (`inline_media_params`): in a thread, as an allowed media URL is read or fetched there.
-    With the HTTP `request`, the fields of its JSON body that `data`'s type does not read are logged
-    (once a field: as vLLM does, they are ignored; OpenAI's clients add fields of their own)."""
-    body = await request.body() if request is not None and request.content_type[0] == "application/json" else None
+    With the HTTP `request`, the fields of its body (JSON, or a form: `FormRequest`) that `data`'s
+    type does not read are logged (once a field: as vLLM does, they are ignored; OpenAI's clients
+    add fields of their own)."""
+    body: Any = None
+    if request is not None:
+        # A form was parsed for `data` (`FormRequest` keeps it); a JSON body's keys are scanned in the
+        # thread (a large body's, with its values left raw, takes milliseconds).
+        body = await request.json() if request.content_type[0] == RequestEncodingType.MULTI_PART else await request.body()
 
     def run() -> OmniRequest:
-        if body is not None:  # (here: scanning a large body's keys takes milliseconds)
+        if request is not None:
             _note_ignored_fields(server, body, type(data), request.url.path)
         omni_request: OmniRequest = build(data, server.engine.pipeline, *args)
         inline_media_params(omni_request.params, server.engine.media_params, server.media)
@@ -67,11 +73,13 @@ async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, 
     return await asyncio.to_thread(run)
 
 
-def _note_ignored_fields(server: ServerState, body: bytes, body_type: type, path: str) -> None:
-    try:
-        fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # (the keys only: values stay raw)
-    except msgspec.DecodeError:
-        return
+def _note_ignored_fields(server: ServerState, body: bytes | dict[str, Any], body_type: type, path: str) -> None:
+    if isinstance(body, bytes):
+        try:
+            body = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # (the keys only: values stay raw)
+        except msgspec.DecodeError:
+            return
+    fields = body if isinstance(body, dict) else {}
     ignored = sorted(set(fields) - set(body_type.__struct_fields__) - server.ignored_fields)
     if ignored:
         server.ignored_fields.update(ignored)
@@ -86,6 +94,7 @@ ERROR_RESPONSES = {
         (401, "Missing or invalid API key (when the server has one)"),
         (404, "Unknown model or resource"),
         (413, "Request body too large"),
+        (415, "A body that is not JSON (nor, where the route takes one, a form)"),
         (500, "A stage failed"),
     )
 }
@@ -248,6 +257,7 @@ class ImagesController(Controller):
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names, request=request)
+        omni_request.task = data.task  # (the engine checks it when it plans the request, as a chat's)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         result = await tracked.run_while_connected(request.receive)
         images = [encode_image(image, data.output_format, data.output_compression) for image in result.images]

@@ -34,6 +34,7 @@ from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskSpec
 from omni_core.engine.inputs import last_user_images, last_user_text
+from omni_core.engine.params import int_param
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, InputProcessor, InternalKeysOutput
@@ -144,7 +145,9 @@ class HunyuanInputProcessor(InputProcessor):
         closer = self.tokens.end_think if bot_task == "think" else self.tokens.end_recaption
         # The reasoning, then the ratio step (`omni_hunyuan.ratio_tail`): it ends on a ratio token.
         # The reasoning's budget is the request's max_tokens; the ratio step adds its five tokens.
-        budget = asked.get("max_tokens", REASONING_MAX_TOKENS)
+        budget = int_param(asked.get("max_tokens", REASONING_MAX_TOKENS), "max_tokens")
+        if budget < 1:
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {budget}", param="max_tokens")
         forced = [self.tokens.answer, self.tokens.boi, self.tokens.size]
         tail = {"closers": [closer], "budget": budget, "forced": forced, "ratios": self.ratio_ids}
         ar_params: dict[str, Any] = {"max_tokens": budget + 2 + len(forced)}

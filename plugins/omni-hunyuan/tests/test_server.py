@@ -157,6 +157,10 @@ def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveSer
         ({"modalities": ["image"], "response_format": {"type": "json_object"}}, "response_format and structured_outputs apply to the text tasks t2t and i2t"),
         ({"modalities": ["image"], "structured_outputs": {"choice": ["a", "b"]}}, "response_format and structured_outputs apply"),
         ({"modalities": ["text", "image"], "response_format": {"type": "json_object"}}, "task 'think_t2i' draws an image"),
+        # The reasoning's budget is the request's: below one token it is refused, as for text.
+        ({"modalities": ["text", "image"], "stage_params": {"ar": {"max_tokens": -5}}}, "max_tokens must be at least 1, got -5"),
+        ({"modalities": ["text", "image"], "stage_params": {"ar": {"max_tokens": 0}}}, "max_tokens must be at least 1, got 0"),
+        ({"modalities": []}, "modalities must name at least one"),
     ],
 )
 def test_a_task_it_cannot_run_is_a_400(server: LiveServer, extra: dict, message: str) -> None:

@@ -26,6 +26,11 @@ ENCODER, DIT = "encoder", "dit"
 DEFAULT_DEPLOY = "omni_minimax_h3:deploy/default.yaml"
 REQUEST_FIELDS = ("size", "seconds", "num_frames", "seed")
 MAX_IMAGE_PIXELS = 4096 * 4096
+# Where an image sent in a chat message belongs (`last_user_text`'s refusal says it).
+KEYFRAMES_HINT = (
+    "; MiniMax-H3 takes its first and last frames as the request's image and last_image fields "
+    "(/v1/videos: input_reference and last_frame; omni generate: --image, once or twice)"
+)
 
 
 def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
@@ -76,7 +81,7 @@ class MiniMaxH3InputProcessor(InputProcessor):
             self.load()
         prompt = request.prompt
         if prompt is None and request.messages:
-            prompt = last_user_text(request.messages)
+            prompt = last_user_text(request.messages, hint=KEYFRAMES_HINT)
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("MiniMax-H3 needs a text prompt", param="prompt")
         unknown = sorted(set(request.extra) - {*REQUEST_FIELDS, "image", "last_image", "references"})
@@ -194,10 +199,6 @@ def decode_image(value: Any, param: str) -> Any:
     """
     if value is None:
         return None
-    import base64
-    import binascii
-    import io
-
     import numpy as np
     from PIL import Image
 
@@ -209,14 +210,10 @@ def decode_image(value: Any, param: str) -> Any:
                 f"{param} must be a base64 data URL (data:image/png;base64,...); paths and URLs to fetch are not accepted",
                 param=param,
             )
-        try:
-            raw = base64.b64decode(value.split(";base64,", 1)[1], validate=True)
-            with Image.open(io.BytesIO(raw)) as opened:
-                if opened.width * opened.height > MAX_IMAGE_PIXELS:
-                    raise InvalidRequestError(f"{param} is larger than {MAX_IMAGE_PIXELS} pixels", param=param)
-                return opened.convert("RGB")
-        except (binascii.Error, OSError, ValueError) as exc:
-            raise InvalidRequestError(f"cannot decode {param}: {exc}", param=param) from None
+        from omni_core.media_access import data_url_bytes
+        from omni_core.media_decode import open_image
+
+        return open_image(data_url_bytes(value, param)[1], param, max_pixels=MAX_IMAGE_PIXELS)
     array = np.asarray(value)
     if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8 or 0 in array.shape:
         raise InvalidRequestError(f"{param} must be an HxWx3 uint8 array, a PIL image or a data URL", param=param)

@@ -46,6 +46,7 @@ class Presenter:
             facts = ModularPipeline.from_pretrained(str(root))
             self._resize = _resize_pipeline(root)
             self._setup = _setup_pipeline(root)
+            self._limits = self._setup.blocks.sub_blocks["ref2va"]
         self.text_tag, self.video_tag = int(facts.text_tag), int(facts.video_tag)
 
     def present(
@@ -94,6 +95,7 @@ class Presenter:
         from omni_core.errors import InvalidRequestError
         from omni_minimax_h3 import diffusers_private
 
+        self._check_references(references)
         # A waveform never reaches the conditioner: its rate is left to the dit, which resamples it.
         shown = [MiniMaxH3AudioReference(audio=ref.audio) if ref.kind == "audio" else ref for ref in references]
         try:
@@ -109,6 +111,27 @@ class Presenter:
             self.tokenizer, prompt, normalized, images, videos, stamps, text_tag=self.text_tag, video_tag=self.video_tag
         )
         return Presentation(list(token_ids), list(token_tags), vision or None, [], ())
+
+    def _check_references(self, references: list[Any]) -> None:
+        """The library setup step's rules on the references' counts, kinds and shapes, with its limits,
+        checked before it runs: it logs every refusal as an error with a traceback, and a client's
+        mistake is not the server's error."""
+        from omni_core.errors import InvalidRequestError
+
+        step = self._limits
+        kinds = [ref.kind for ref in references]
+        for kind, limit in (("image", step.max_images), ("video", step.max_videos), ("audio", step.max_audios)):
+            if kinds.count(kind) > limit:
+                raise InvalidRequestError(f"MiniMax-H3 accepts at most {limit} {kind} references, got {kinds.count(kind)}", param="references")
+        if len(kinds) > step.max_references:
+            raise InvalidRequestError(f"MiniMax-H3 accepts at most {step.max_references} references in total, got {len(kinds)}", param="references")
+        if set(kinds) == {"audio"}:
+            raise InvalidRequestError("an audio reference has to be paired with at least one image reference (it cannot be used on its own)", param="references")
+        for index, ref in enumerate(references):
+            if ref.kind == "image":
+                width, height = ref.image.size
+                if width > 4 * height or height > 4 * width:
+                    raise InvalidRequestError(f"references[{index}]: a reference image must be within 1:4 and 4:1, got {width}x{height}", param="references")
 
 
 @attrs.frozen

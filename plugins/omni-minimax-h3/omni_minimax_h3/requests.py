@@ -7,6 +7,9 @@ The rules are diffusers' (``before_denoise.py`` / ``before_encoder.py``), with t
   becomes ``round(seconds * fps)`` frames, then the same rule.
 - width and height are multiples of the canvas multiple (the VAE's spatial compression times the
   transformer's patch: 32 on the release), with an aspect ratio between 1:4 and 4:1.
+- ours, not diffusers' (which takes any size, however large): a video holds at most the checkpoint's
+  canvas area (``canvas_max_pixels``, 768x1344 on the release) times the longest clip's frames, so one
+  request cannot take the memory every other request needs; a shorter clip may be larger.
 - ``num_inference_steps`` counts sigma grid points, the terminal zero included (diffusers'
   `MiniMaxH3Scheduler`): at least 2, which is one transformer forward.
 
@@ -47,6 +50,15 @@ class Geometry:
     audio_sample_rate: int = 32000
     min_aspect_ratio: float = 1 / 4
     max_aspect_ratio: float = 4.0
+    # The largest canvas `default_canvas` gives over the aspect ratios (rounding may lift it a little
+    # above canvas_max_pixels): with `max_frames`, the bound on a video's pixels x frames.
+    largest_canvas: tuple[int, int] = attrs.field()
+
+    @largest_canvas.default
+    def _largest_canvas(self) -> tuple[int, int]:
+        low, high = math.log(self.min_aspect_ratio), math.log(self.max_aspect_ratio)
+        ratios = [math.exp(low + (high - low) * i / 400) for i in range(401)]
+        return max((self.default_canvas(ratio, 1) for ratio in ratios), key=lambda size: (size[0] * size[1], size))
 
     @classmethod
     def from_checkpoint(cls, model_path: str | Path) -> Geometry:
@@ -90,6 +102,13 @@ class Geometry:
         frames = self.align(math.ceil(self.max_duration * self.fps))
         return frames if frames / self.fps <= self.max_duration else frames - self.frames_per_chunk
 
+    @property
+    def max_pixel_frames(self) -> int:
+        """The most pixels x frames a video may hold: the canvas area (the larger of ``canvas_max_pixels``
+        and the largest canvas rounding gives) for the longest clip."""
+        width, height = self.largest_canvas
+        return max(self.canvas_max_pixels, width * height) * self.max_frames
+
     def default_canvas(self, aspect_width: float = 16, aspect_height: float = 9) -> tuple[int, int]:
         """(width, height) of the pipeline's own canvas for an aspect ratio (diffusers' `resolve_canvas_size`)."""
         from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
@@ -126,6 +145,8 @@ def parse_request(params: dict[str, Any], geometry: Geometry, default_size: tupl
     else:
         width, height = check_size(size, geometry)
     num_frames = check_duration(params.get("num_frames"), params.get("seconds"), geometry)
+    if size is not None:
+        check_volume(width, height, num_frames, geometry, "size")
     steps = int_param(params.get("num_inference_steps", DEFAULT_STEPS), "num_inference_steps")
     if not 2 <= steps <= MAX_STEPS:
         raise InvalidRequestError(
@@ -169,6 +190,28 @@ def check_size(size: Any, geometry: Geometry) -> tuple[int, int]:
             param="size",
         )
     return width, height
+
+
+def check_volume(width: int, height: int, num_frames: int, geometry: Geometry, param: str) -> None:
+    """A 400 for a video of more pixels x frames than `Geometry.max_pixel_frames`, naming the largest
+    size at this duration and the longest duration at this size (where one is valid)."""
+    limit = geometry.max_pixel_frames
+    if width * height * num_frames <= limit:
+        return
+    multiple = geometry.canvas_multiple
+    scale = math.sqrt(limit / (width * height * num_frames))
+    options = [f"{max(multiple, int(width * scale) // multiple * multiple)}x{max(multiple, int(height * scale) // multiple * multiple)} for {num_frames} frames"]
+    frames = geometry.max_frames
+    while frames >= geometry.min_frames and width * height * frames > limit:
+        frames -= geometry.frames_per_chunk
+    if frames >= geometry.min_frames:
+        options.append(f"{width}x{height} for {frames} frames ({frames / geometry.fps:.3f} s)")
+    raise InvalidRequestError(
+        f"MiniMax-H3 draws at most {limit:,} pixels x frames a video (the checkpoint's canvas, {limit // geometry.max_frames:,} "
+        f"pixels, for the longest clip, {geometry.max_frames} frames); got {width}x{height} for {num_frames} frames "
+        f"({width * height * num_frames:,}); nearest valid: {' or '.join(options)}",
+        param=param,
+    )
 
 
 def check_duration(num_frames: Any, seconds: Any, geometry: Geometry) -> int:

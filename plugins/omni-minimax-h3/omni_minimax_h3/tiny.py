@@ -58,7 +58,9 @@ class TinySpec:
     audio_latent_channels: int
     audio_rates: tuple[int, ...]  # product = hop; sampling rate = 40 * hop (8 kHz for tiny: AAC needs >= 7.35 kHz)
     canvas_short_edge: int = 32
-    canvas_max_pixels: int = 32 * 64
+    # (an area cap: with the 32-pixel short edge the default canvas stays 64x32; requests may go up to
+    # 480p-class sizes, `omni_minimax_h3.requests.check_volume`)
+    canvas_max_pixels: int = 832 * 480
     reference_image_short_edge: int = 32  # image references are encoded at this short edge (2048 released)
     audio_gain: float = 0.8  # weight-norm gain of the audio VAE's layers (see `_init_weights`)
     init_std: float = 0.2

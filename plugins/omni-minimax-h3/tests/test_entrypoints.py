@@ -183,6 +183,7 @@ def test_videos_route_takes_references(server: LiveServer) -> None:
         ({"size": "48x32"}, "size", "nearest valid: 64x32"),
         ({"size": "160x32"}, "size", "nearest valid: 160x64"),
         ({"seconds": "20"}, "seconds", "nearest valid: 345 frames"),
+        ({"size": "32768x32768"}, "size", "nearest valid: 1024x1024 for 124 frames"),  # (not an out-of-memory worker)
         ({"seconds": "2"}, "seconds", "nearest valid: 124 frames"),
         ({"input_reference": "https://example.com/cat.png"}, "input_reference", "data URL"),
         ({"last_frame": "/etc/passwd"}, "last_frame", "data URL"),
@@ -204,3 +205,14 @@ def test_videos_route_refuses_bad_requests_with_400(server: LiveServer, body: di
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"].startswith(param) and says in error["message"], error
+
+
+@pytest.mark.parametrize("modalities", [["video"], ["text", "video"], None])
+def test_chat_completions_point_to_the_videos_route(server: LiveServer, modalities: list[str] | None) -> None:
+    """A chat answer carries text, audio and images: a video asked there is a 400 naming /v1/videos
+    (not a 200 that silently drops it); so is a chat asking for the text this model does not write."""
+    import httpx
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "waves"}], **({"modalities": modalities} if modalities else {})}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400 and "/v1/videos" in response.json()["error"]["message"], response.text

@@ -47,6 +47,10 @@ def test_seconds_become_frames(geometry) -> None:
         ({"size": [160, 32]}, "size", "nearest valid: 160x64"),  # 5:1
         ({"size": [32, 160]}, "size", "nearest valid: 64x160"),  # 1:5
         ({"size": "big"}, "size", "[width, height]"),
+        # pixels x frames: at most the canvas area (tiny: 832x480) for the longest clip (345 frames)
+        ({"size": [2048, 2048]}, "size", "at most 137,779,200 pixels x frames"),
+        ({"size": [2048, 2048]}, "size", "nearest valid: 1024x1024 for 124 frames"),
+        ({"size": [832, 832], "num_frames": 345}, "size", "or 832x832 for 192 frames (8.000 s)"),
         ({"num_inference_steps": 1}, "num_inference_steps", "between 2"),
         ({"num_inference_steps": 1.5}, "num_inference_steps", "integer"),
         ({"seed": -1}, "seed", "non-negative"),

@@ -1,0 +1,59 @@
+"""`omni generate --image` for a video: the first frame (and a second image the last), as /v1/videos'
+``input_reference`` and ``last_frame``; an image sent in a chat message says where it belongs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from omni_core.errors import InvalidRequestError
+
+MODEL = "omni-tiny/minimax-h3"
+INLINE = ["--set", "encoder.placement=inline", "--set", "dit.placement=inline"]
+
+
+def _generate(*args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from omni_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["generate", MODEL, "--prompt", "a cat", *args])
+    return result.exit_code, result.output
+
+
+def _png(path: Path, width: int, height: int) -> str:
+    from PIL import Image
+
+    Image.new("RGB", (width, height), (20, 30, 200)).save(path)
+    return str(path)
+
+
+def test_an_image_is_the_first_frame(tmp_path: Path) -> None:
+    tall = _png(tmp_path / "tall.png", 32, 64)  # (the tiny checkpoint's own canvas is 64x32)
+    params = json.dumps({"dit": {"num_inference_steps": 2}})
+    code, output = _generate("--image", tall, "--image", tall, "--stage-params", params, "--json", *INLINE)
+    assert code == 0, output
+    video = json.loads(output[output.index("{\n"):])["video"]
+    assert video["shape"][1:] == [64, 32, 3]  # the canvas follows the first frame's shape
+
+
+def test_more_than_two_images_are_refused_before_loading(tmp_path: Path) -> None:
+    image = _png(tmp_path / "a.png", 8, 8)
+    code, output = _generate("--image", image, "--image", image, "--image", image)
+    assert code != 0 and "a video takes at most two --image files (its first and last frames), got 3" in output, output
+
+
+def test_an_image_in_a_chat_message_names_the_keyframe_fields(processor) -> None:
+    from omni_core.engine.request import OmniRequest
+
+    content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "a cat"}]
+    with pytest.raises(InvalidRequestError) as info:
+        processor.process(OmniRequest(messages=[{"role": "user", "content": content}]))
+    assert info.value.param == "messages[0].content[0]"
+    assert str(info.value) == (
+        "messages[0].content[0]: this model takes no image in a chat message (the part is of type 'image_url'; it reads text); "
+        "MiniMax-H3 takes its first and last frames as the request's image and last_image fields "
+        "(/v1/videos: input_reference and last_frame; omni generate: --image, once or twice)"
+    )
