@@ -44,3 +44,13 @@ def test_an_image_file_runs_i2t(tmp_path: Path, tokens: Any) -> None:
     ids = body["prompt_token_ids"]
     assert ids.count(tokens.boi) == 1 and ids.count(tokens.joint_img_sep) == 1 and ids.count(tokens.image) > 2
     assert len(body["token_ids"]) == 6 and not body.get("images")
+
+
+def test_an_unknown_task_is_refused_before_the_pipeline_loads() -> None:
+    from click.testing import CliRunner
+
+    from omni_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["generate", MODEL, "--prompt", "a cat", "--task", "bogus", *INLINE])
+    assert result.exit_code == 1 and "unknown task 'bogus'" in result.output, result.output
+    assert "Loading" not in result.output, result.output  # (refused from the resolved config, nothing loaded)
