@@ -18,7 +18,18 @@ from omni_core.server.requests import image_request, video_request
 from omni_core.server.videos import VideoJobs
 
 PIPELINE = SimpleNamespace(modalities=("video", "audio"), stages=())
-PNG = "data:image/png;base64,iVBORw0KGgo="
+def _png() -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 2), (10, 200, 30)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+PNG = _png()  # (the server reads an image field's header: `omni_core.server.media_urls.data_url`)
 
 
 def test_frames_and_references_become_request_fields() -> None:
@@ -37,8 +48,8 @@ def test_frames_and_references_become_request_fields() -> None:
     [
         ({"input_reference": "https://example.com/cat.png"}, "input_reference"),
         ({"last_frame": "/etc/passwd"}, "last_frame"),
-        ({"references": [{"type": "image", "image": "file:///etc/passwd"}]}, "references"),
-        ({"references": [{"type": "audio", "audio": "https://example.com/a.wav"}]}, "references"),
+        ({"references": [{"type": "image", "image": "file:///etc/passwd"}]}, "references[0].image"),
+        ({"references": [{"type": "audio", "audio": "https://example.com/a.wav"}]}, "references[0].audio"),
     ],
 )
 def test_media_that_would_be_fetched_or_read_is_refused(fields: dict, param: str) -> None:

@@ -45,7 +45,7 @@ def chat_messages(messages: Sequence[ChatMessage], access: MediaAccess = MediaAc
             if kind not in URL_PARTS:
                 continue
             where = f"messages[{i}].content[{j}].{kind}.url"
-            url = data_url(part[kind]["url"], access, where, image=kind == "image_url")
+            url = data_url(part[kind]["url"], access, where)  # (the family decodes and names a bad image: `last_user_images`)
             part[kind]["url"] = url
             if kind == "audio_url":
                 content[j] = audio_part(url, where)
@@ -71,12 +71,12 @@ def inline_media_params(params: dict[str, dict[str, Any]], media_params: Mapping
 
 def data_url(url: str, access: MediaAccess, where: str, param: str | None = None, image: bool = False) -> str:
     """`omni_core.media_access.as_data_url` with its refusal as a 400 (`param`: default `where`).
-    An image (`image`, or a ``data:image/...`` URL) must be base64 of an image PIL reads (its header
-    checked: `check_image`), so that a client learns which of its fields is not one under that
-    field's name, not under the name the model family gives the image."""
+    With `image` (a field that holds an image), a ``data:image/...`` URL must be base64 of an image
+    PIL reads (its header checked: `check_image`), so that a client learns which of its fields is
+    not one under that field's name, not under the name the model family gives the image."""
     try:
         url = as_data_url(url, access, where)
-        if image or url[5:11].lower() == "image/":
+        if image and url[5:11].lower() == "image/":
             check_image(data_url_bytes(url, where)[1], where)
     except InvalidRequestError as exc:
         raise APIError(400, str(exc), param=param or where) from None

@@ -306,7 +306,7 @@ def video_request(
                 raise APIError(400, f"{field} as an object takes only image_url (file ids are not supported: send the image)", param=field)
             value = value["image_url"]
         if value is not None:
-            value = data_url(value, media, field)
+            value = data_url(value, media, field, image=True)
             if not value.startswith("data:image/"):
                 raise APIError(400, f"{field} must be an image (data:image/png;base64,...)", param=field)
             extra[key] = value
@@ -319,7 +319,7 @@ def video_request(
                     continue
                 if not isinstance(value, str):
                     raise APIError(400, f"references[{index}].{name} must be a base64 data: URL", param=f"references[{index}].{name}")
-                resolved[name] = data_url(value, media, f"references[{index}].{name}")
+                resolved[name] = data_url(value, media, f"references[{index}].{name}", image=name == "image")
             references.append(resolved)
         extra["references"] = references
     drawing = drawing_params(pipeline, body, VIDEO_DRAWING_FIELDS, takes)
