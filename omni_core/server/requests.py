@@ -277,7 +277,7 @@ def image_request(
     drawing = drawing_params(pipeline, body, IMAGE_DRAWING_FIELDS, takes)
     return OmniRequest(
         prompt=body.prompt, modalities=("image",), params=stage_params(pipeline, {}, body.stage_params, drawing), extra=extra,
-        request_id=f"img-{new_request_id()[4:]}",
+        task=body.task, request_id=f"img-{new_request_id()[4:]}",
     )
 
 

@@ -257,7 +257,6 @@ class ImagesController(Controller):
     async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names, request=request)
-        omni_request.task = data.task  # (the engine checks it when it plans the request, as a chat's)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         result = await tracked.run_while_connected(request.receive)
         images = [encode_image(image, data.output_format, data.output_compression) for image in result.images]
