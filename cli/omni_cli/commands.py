@@ -65,11 +65,9 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
     unknown = [m for m in wanted or () if m not in pipeline.modalities]
     if unknown:
         raise InvalidRequestError(f"{model} does not produce {', '.join(unknown)}; it produces {', '.join(pipeline.modalities)}", param="modalities")
-    if task is not None:  # (refused before the pipeline loads, as the engine would after)
+    if task is not None:  # (refused before the pipeline loads, as the engine would after; no tasks: "none")
         from omni_core.config.tasks import choose_task
 
-        if not pipeline.tasks:
-            raise InvalidRequestError(f"this model ({pipeline.family}) has no tasks to choose from; leave --task out", param="task")
         choose_task(pipeline.tasks, {s.name: s for s in pipeline.stages}, task, wanted, pipeline.default_modalities)
     keyframes = _keyframes(images) if images and "video" in (wanted or pipeline.default_modalities) else None
     click.echo(f"Loading {model} ({pipeline.family}: {' -> '.join(s.name for s in pipeline.stages)}) ...", err=True)
