@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import msgspec
 import pytest
-from litestar import post
+from litestar import Request, post
 from litestar.params import Body
 from litestar.testing import TestClient, create_test_client
 from typing_extensions import Annotated
@@ -27,9 +27,24 @@ async def echo(data: Annotated[VideoRequest, Body()]) -> dict[str, Any]:
     return msgspec.to_builtins(data)
 
 
+class _Counted(_Form):
+    parses = 0
+
+    async def _form_body(self) -> dict[str, Any]:
+        type(self).parses += 1
+        return await super()._form_body()
+
+
+@post("/twice", request_class=_Counted)
+async def twice(data: Annotated[dict[str, Any], Body()], request: Request) -> dict[str, Any]:
+    # Another Request on the same connection (as the server's scan for ignored fields may be) reads
+    # the form the route's body was built from, without parsing it again.
+    return {"again": await _Counted(request.scope).json() == data, "parses": _Counted.parses}
+
+
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with create_test_client([echo], exception_handlers={Exception: handle_exception}) as test_client:
+    with create_test_client([echo, twice], exception_handlers={Exception: handle_exception}) as test_client:
         yield test_client
 
 
@@ -59,6 +74,13 @@ def test_a_form_reads_as_the_json_body(client: TestClient) -> None:
     assert body["references"] == [{"type": "image", "image": "data:image/png;base64,AAAA"}]
     # Texts stay texts where the schema has text: a prompt that looks like JSON is not decoded.
     assert _form(client, ("model", "m"), ("prompt", "[1, 2]")).json()["prompt"] == "[1, 2]"
+
+
+def test_a_form_is_parsed_once_a_request(client: TestClient) -> None:
+    before = _Counted.parses
+    response = client.post("/twice", files=[("prompt", (None, "a cat")), ("seed", (None, "7"))])
+    assert response.status_code == 201, response.text
+    assert response.json() == {"again": True, "parses": before + 1}
 
 
 def test_json_bodies_are_unchanged(client: TestClient) -> None:

@@ -24,12 +24,12 @@ from typing import Any, ClassVar
 import msgspec
 from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
-from litestar.types import Empty
 
 from omni_core.server.bodies import JSONRequest
 from omni_core.server.errors import APIError
 
 _KEY = re.compile(r"\[([^\[\]]*)\]")
+_FORM_BODY = "omni_form_body"
 
 
 class FormRequest(JSONRequest):
@@ -42,9 +42,11 @@ class FormRequest(JSONRequest):
     async def json(self) -> Any:
         if self.content_type[0] != RequestEncodingType.MULTI_PART:
             return await super().json()
-        if self._connection_state.json is Empty:
-            self._connection_state.json = await self._form_body()
-        return self._connection_state.json
+        # (kept in the request's state, which every Request built on this connection's scope shares)
+        state = self.state
+        if _FORM_BODY not in state:
+            state[_FORM_BODY] = await self._form_body()
+        return state[_FORM_BODY]
 
     async def _form_body(self) -> dict[str, Any]:
         form = await self.form()
