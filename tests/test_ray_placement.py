@@ -113,9 +113,21 @@ async def test_worker_logs_reach_the_engine_log_with_the_stage_name(engine, reco
 
 
 async def test_a_dead_actor_fails_its_requests_in_time_and_is_restarted(engine):
-    in_flight = asyncio.create_task(run(engine, request("long", tokens=200)))
-    await asyncio.sleep(0.5)
-    assert not in_flight.done()
+    stream = engine.generate(request("long", tokens=200))
+
+    async def first_audio() -> None:
+        async for delta in stream:
+            if delta.modality == "audio":
+                return
+
+    async def rest() -> None:
+        async for _ in stream:
+            pass
+
+    # Killed once the vocoder has sent this request's first audio: in flight there, most of its
+    # tokens still to come (a fixed sleep let a fast run finish all 200 first).
+    await asyncio.wait_for(first_audio(), 60)
+    in_flight = asyncio.create_task(rest())
     killed = time.monotonic()
     ray.kill(engine.groups["vocoder"].replicas[0]._actor)
     # The crash is the error, even when the read of an output the dead actor held fails first.

@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -32,7 +33,7 @@ import openai
 import pytest
 import soundfile
 
-from omni_core.testing.live_server import LiveServer
+from omni_core.testing.live_server import LiveServer, launch_env, omni_command
 
 pytestmark = pytest.mark.vllm
 
@@ -827,3 +828,59 @@ def test_a_signal_to_the_group_with_env_api_key(served: ServedModel, sig: int) -
         assert "Traceback" not in log and "crashed" not in log and "worker process killed" not in log, log
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_a_signal_while_loading_stops_the_load(sig: int, group: bool) -> None:
+    """Ctrl-C (to the process group, as a terminal sends it) or SIGTERM (to the server alone, as
+    ``kill`` or ``docker stop`` sends it) while the stages still load:
+    uvicorn alone notes the signal and acts after its startup, so `omni serve` went on loading
+    (minutes, for large weights) before it stopped. Now the load stops: the replicas still loading
+    are ended, none is left, and the pipeline never reports ready. (Qwen3-Omni's two vLLM stages
+    load for ~10 s here after their first progress line: the signal comes well inside that.)"""
+    server = LiveServer.launch("omni-tiny/qwen3-omni")
+    try:
+        deadline = time.monotonic() + 120
+        while "loading the model part of stage 'thinker'" not in server.log_tail(50_000):
+            assert server.process.poll() is None and time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.1)
+        server.descendants = server.children()
+        code = server.stop(sig, group=group, timeout=60)
+        log = server.log_tail(50_000)
+        assert code in (0, -sig, 128 + sig), log
+        assert f"{signal.Signals(sig).name} while loading: stopping the stages" in log, log
+        assert "ready in" not in log and "ready: serving" not in log, log
+        assert "Traceback" not in log and "crashed" not in log, log
+        assert server.leftover_processes() == []
+    finally:
+        server.kill()
+
+
+def test_ctrl_c_while_omni_generate_loads(tmp_path) -> None:
+    """The offline path (`omni generate`, `Omni`): Ctrl-C while the stages load used to leave the
+    loop with the load abandoned, and the exiting interpreter waited forever on worker processes
+    that ignore SIGTERM (they leave stopping to the engine). Now the load is cancelled, the
+    replicas it started are stopped, and the command ends ("Aborted!", exit 1) with none left."""
+    import psutil
+
+    log = tmp_path / "generate.log"
+    command = [*omni_command(), "generate", "omni-tiny/qwen3-omni", "--prompt", "hi", "--out", str(tmp_path / "out")]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=launch_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "loading the model part of stage 'thinker'" not in log.read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.1)
+        children = psutil.Process(process.pid).children(recursive=True)
+        os.killpg(process.pid, signal.SIGINT)
+        code = process.wait(60)
+        text = log.read_text(errors="replace")
+        assert code == 1 and "Aborted!" in text and "ready in" not in text, text
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)

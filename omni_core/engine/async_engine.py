@@ -47,6 +47,7 @@ class AsyncOmniEngine:
         # operator allowed as data: URLs); known once started.
         self.media_params: dict[str, frozenset[str]] = {}
         self._started = False
+        self._stopping: asyncio.Future[None] | None = None  # the shutdown under way (`shutdown`)
 
     @classmethod
     def from_model(
@@ -114,21 +115,30 @@ class AsyncOmniEngine:
         return build_part(self.pipeline.input_processor, context, InputProcessor, "input processor")
 
     async def shutdown(self) -> None:
-        """Fail in-flight requests, stop every replica and free connectors."""
-        if not self._started:
-            return
-        self._started = False
-        if self.orchestrator is not None:
-            self.orchestrator.fail_all(StageError("engine", "the engine is shutting down"))
-        await asyncio.gather(*(group.stop() for group in self.groups.values()))
-        if self.orchestrator is not None:
-            self.orchestrator.close()  # its connector threads, before the connectors they call
-        sessions, self._sessions = self._sessions, {}
-        for ref, session in sessions.items():
-            await load_ref(ref).close_session(session)
-        for connector in self._connectors:
-            connector.close()
-        self._connectors = []
+        """Fail in-flight requests, stop every replica and free connectors. A second call while one
+        is under way (Ctrl-C while `start` loads: the cancelled start and its caller both stop the
+        engine) waits for the same shutdown."""
+        if self._started:
+            self._started = False
+            self._stopping = asyncio.ensure_future(self._stop())
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        try:
+            if self.orchestrator is not None:
+                self.orchestrator.fail_all(StageError("engine", "the engine is shutting down"))
+            await asyncio.gather(*(group.stop() for group in self.groups.values()))
+            if self.orchestrator is not None:
+                self.orchestrator.close()  # its connector threads, before the connectors they call
+            sessions, self._sessions = self._sessions, {}
+            for ref, session in sessions.items():
+                await load_ref(ref).close_session(session)
+            for connector in self._connectors:
+                connector.close()
+            self._connectors = []
+        finally:
+            self._stopping = None
 
     async def __aenter__(self) -> "AsyncOmniEngine":
         await self.start()

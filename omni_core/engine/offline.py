@@ -125,7 +125,10 @@ class Omni:
         try:
             self._run(self._omni.engine.start())
         except BaseException:
-            self._stop_loop()
+            try:  # (Ctrl-C while loading: `_run` cancelled the load; the replicas it started stop now)
+                self._run(self._omni.engine.shutdown())
+            finally:
+                self._stop_loop()
             raise
 
     @property
@@ -133,7 +136,12 @@ class Omni:
         return self._omni.engine.pipeline
 
     def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()  # (the coroutine is cancelled on the loop: Ctrl-C stops what it was doing)
+            raise
 
     def generate(
         self,

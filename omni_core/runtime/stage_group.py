@@ -102,13 +102,16 @@ class StageGroup:
             self._watchdog = self._loop.create_task(self._watch(self.stage.watchdog_s), name=f"omni-watchdog-{self.name}")
 
     async def wait_ready(self) -> None:
-        await asyncio.gather(*self.ready)
+        # (shielded: a cancelled wait, such as Ctrl-C while loading, leaves the replicas' state alone)
+        await asyncio.gather(*(asyncio.shield(future) for future in self.ready))
 
     async def stop(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
-        await asyncio.gather(*(replica.stop() for replica in self.replicas))
+        # A replica still loading reads no Shutdown until it has loaded (minutes, for large weights),
+        # and holds no work: it is ended at once (Ctrl-C while `omni serve` loads stops it now).
+        await asyncio.gather(*(replica.stop() if self._is_ready(i) else replica.stop(timeout=0.0) for i, replica in enumerate(self.replicas)))
         for future in self.ready:
             if not future.done():
                 future.set_exception(StageError(self.name, "stopped before it was ready"))

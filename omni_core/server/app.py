@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import hmac
 import logging
+import signal
 import socket
+import threading
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
@@ -185,9 +188,53 @@ def run_server(
         engine, model_name=model, api_key=api_key, max_body_bytes=max_body_bytes, extra_routes=plugin_routes(host_plugins), url=url,
         media=media, max_prompt_chars=max_prompt_chars,
     )
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, after the pipeline has loaded (`load_interruptibly`: the app's lifespan
+        then finds the engine started)."""
+
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            await load_interruptibly(engine)
+            await super().serve(sockets)
+
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10)
     with sock:
         try:
-            uvicorn.Server(config).run(sockets=[sock])
+            Server(config).run(sockets=[sock])
         except KeyboardInterrupt:
             pass  # the server re-raises the Ctrl-C it shut down on (as `uvicorn.run` does, this ends quietly)
+
+
+async def load_interruptibly(engine: AsyncOmniEngine) -> None:
+    """Start `engine` (load every stage) so that Ctrl-C or SIGTERM stops the load at once.
+
+    uvicorn, which takes the signals once it serves, only notes one that comes during its startup
+    and acts after it: a pipeline that loads for minutes would ignore Ctrl-C that long. Here the
+    signal cancels the load, the engine stops the stages it started, and the signal is raised again
+    as uvicorn does after its shutdown (Ctrl-C: a quiet exit; SIGTERM: the default action)."""
+    loop = asyncio.get_running_loop()
+    loading = asyncio.current_task()
+    if loading is None or threading.current_thread() is not threading.main_thread():
+        await engine.start()  # (signals reach only the main thread's loop)
+        return
+    received: list[signal.Signals] = []
+
+    def interrupt(sig: signal.Signals) -> None:
+        if not received:
+            logger.info("%s while loading: stopping the stages", sig.name)
+            loading.cancel()
+        received.append(sig)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, interrupt, sig)
+    try:
+        await engine.start()
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)  # (back to Python's defaults, which uvicorn's serve replaces)
+    if received:
+        signal.raise_signal(received[0])

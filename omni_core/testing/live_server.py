@@ -76,19 +76,11 @@ class LiveServer:
 
         `api_key` is passed as ``--api-key`` (None: no key, unless `env` sets ``OMNI_API_KEY``).
         """
-        key = api_key if api_key is not None else (env or {}).get("OMNI_API_KEY")
-        full_env = launch_env(env)
         for attempt in range(PORT_ATTEMPTS):
             # The port is free when chosen, but another process may take it before `omni serve`
             # binds it (the server binds before loading, so this window is its start-up only).
-            port = free_port()
-            log = Path(tempfile.mkstemp(prefix=f"omni-serve-{port}-", suffix=".log")[1])
-            command = [*omni_command(), "serve", model, "--port", str(port), *args]
-            if api_key is not None:
-                command += ["--api-key", api_key]
-            with log.open("wb") as out:
-                process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-            server = cls(process, f"http://127.0.0.1:{port}", log, key)
+            server = cls.launch(model, args=args, env=env, api_key=api_key)
+            process = server.process
             try:
                 server.wait_ready(timeout)
             except OmniError:
@@ -101,6 +93,21 @@ class LiveServer:
                 raise
             return server
         raise AssertionError("unreachable")
+
+    @classmethod
+    def launch(
+        cls, model: str, *, args: Sequence[str] = (), env: dict[str, str] | None = None, api_key: str | None = None
+    ) -> "LiveServer":
+        """Start ``omni serve model`` on a free port and return at once (`start` waits until it serves)."""
+        key = api_key if api_key is not None else (env or {}).get("OMNI_API_KEY")
+        port = free_port()
+        log = Path(tempfile.mkstemp(prefix=f"omni-serve-{port}-", suffix=".log")[1])
+        command = [*omni_command(), "serve", model, "--port", str(port), *args]
+        if api_key is not None:
+            command += ["--api-key", api_key]
+        with log.open("wb") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=launch_env(env), start_new_session=True)
+        return cls(process, f"http://127.0.0.1:{port}", log, key)
 
     def wait_ready(self, timeout: float) -> None:
         import httpx
