@@ -195,7 +195,10 @@ def run_server(
 
         async def serve(self, sockets: list[socket.socket] | None = None) -> None:
             await load_interruptibly(engine)
-            await super().serve(sockets)
+            try:
+                await super().serve(sockets)
+            finally:
+                await engine.shutdown()  # (done by the app's lifespan, unless a signal came before it ran)
 
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=10)
     with sock:
