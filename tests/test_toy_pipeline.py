@@ -174,3 +174,18 @@ def test_serve_on_a_port_in_use_fails_at_once_before_loading(model_dir):
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"Error: cannot serve on 127.0.0.1:{port}: the address is already in use (another server? pick another --port)"
     assert "stage" not in proc.stderr, proc.stderr[-2000:]  # it failed before loading anything
+
+
+def test_serve_a_stage_that_fails_to_load_ends_with_one_line(model_dir, tmp_path):
+    """The load runs before uvicorn's startup: a stage that cannot load ends `omni serve` with the
+    engine's one-line reason (exit 1), not uvicorn's "Application startup failed" and a traceback."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "vocoder" / "model.safetensors").write_bytes(b"not a safetensors file")
+    proc = omni("serve", str(broken), "--port", "0")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: stage 'vocoder' failed: replica 0 failed to load:"), proc.stderr[-3000:]
+    assert "Application startup failed" not in proc.stderr and "ready: serving" not in proc.stderr
