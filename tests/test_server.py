@@ -33,7 +33,7 @@ import openai
 import pytest
 import soundfile
 
-from omni_core.testing.live_server import LiveServer, launch_env, omni_command
+from omni_core.testing.live_server import LiveServer, launch_env, leftover_processes, omni_command
 
 pytestmark = pytest.mark.vllm
 
@@ -877,8 +877,7 @@ def test_ctrl_c_while_omni_generate_loads(tmp_path) -> None:
         code = process.wait(60)
         text = log.read_text(errors="replace")
         assert code == 1 and "Aborted!" in text and "ready in" not in text, text
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+        assert leftover_processes(children) == []
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     finally:
         if process.poll() is None:

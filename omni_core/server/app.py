@@ -215,11 +215,11 @@ async def load_interruptibly(engine: AsyncOmniEngine) -> None:
     and acts after it: a pipeline that loads for minutes would ignore Ctrl-C that long. Here the
     signal cancels the load, the engine stops the stages it started, and the signal is raised again
     as uvicorn does after its shutdown (Ctrl-C: a quiet exit; SIGTERM: the default action)."""
-    loop = asyncio.get_running_loop()
-    loading = asyncio.current_task()
-    if loading is None or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         await engine.start()  # (signals reach only the main thread's loop)
         return
+    loop, loading = asyncio.get_running_loop(), asyncio.current_task()
+    assert loading is not None
     received: list[signal.Signals] = []
 
     def interrupt(sig: signal.Signals) -> None:

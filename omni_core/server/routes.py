@@ -79,8 +79,7 @@ def _note_ignored_fields(server: ServerState, body: bytes | dict[str, Any], body
             body = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # (the keys only: values stay raw)
         except msgspec.DecodeError:
             return
-    fields = body if isinstance(body, dict) else {}
-    ignored = sorted(set(fields) - set(body_type.__struct_fields__) - server.ignored_fields)
+    ignored = sorted(set(body) - set(body_type.__struct_fields__) - server.ignored_fields)
     if ignored:
         server.ignored_fields.update(ignored)
         logger.warning("%s: request field%s %s ignored: not part of Omni's API (said once a field)", path, "s" * (len(ignored) > 1), ", ".join(ignored))

@@ -51,6 +51,21 @@ def omni_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "omni_cli.main"]
 
 
+def leftover_processes(processes: list[Any], grace: float = 10.0) -> list[str]:
+    """Of `processes` (psutil.Process objects), those still alive after `grace` seconds ("pid command")."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    left = []
+    for proc in alive:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
 @attrs.define
 class LiveServer:
     """A started ``omni serve MODEL`` process; `url` is its base URL (no trailing slash)."""
@@ -154,17 +169,7 @@ class LiveServer:
 
     def leftover_processes(self, grace: float = 10.0) -> list[str]:
         """Descendants seen while it ran that are still alive after `grace` seconds."""
-        import psutil
-
-        _, alive = psutil.wait_procs(self.descendants, timeout=grace)
-        left = []
-        for proc in alive:
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
-            except psutil.NoSuchProcess:
-                continue
-        return left
+        return leftover_processes(self.descendants, grace)
 
     def kill(self) -> None:
         """Stop everything it started, whatever state it is in (cleanup of a failed test)."""
