@@ -64,7 +64,8 @@ class OutputDelta:
 
     The core understands these keys of `data` (plugins' output adapters produce them):
     `text` (str delta), `token_ids` (list[int] delta), `logprobs` (per token, when asked for),
-    `prompt_token_ids` (list[int], once), `audio` (float32 samples: 1-D, or ``[N, 2]`` stereo),
+    `prompt_token_ids` (list[int], once: what the request's usage counts; a text stage's win over
+    another's), `audio` (float32 samples: 1-D, or ``[N, 2]`` stereo),
     `sample_rate` (int), `image` (HxWxC uint8 array or a list of them), `video` (TxHxWxC uint8), `fps`
     (float), `actions` (array), `progress` (a diffusion stage's step: `step_progress`). Other keys are
     passed through.

@@ -437,6 +437,16 @@ def test_stage_params_and_max_tokens(inline_server: LiveServer, served: ServedMo
 # -- speech, images, videos -------------------------------------------------------------------------
 
 
+def _decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+    """A compressed audio file's samples (mono) and rate, decoded by FFmpeg (PyAV)."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        parts = [frame.to_ndarray().reshape(-1) for frame in container.decode(stream)]
+        return np.concatenate(parts), stream.rate
+
+
 def test_speech_wav_and_sse(inline_server: LiveServer, served: ServedModel) -> None:
     if "audio" not in served.modalities:
         pytest.skip("the model produces no audio")
@@ -459,6 +469,16 @@ def test_speech_wav_and_sse(inline_server: LiveServer, served: ServedModel) -> N
     # Same input, greedy: the streamed chunks are the WAV's samples.
     np.testing.assert_allclose(streamed, samples, atol=2 * PCM16_STEP)
     assert events[-1]["duration_s"] == pytest.approx(len(samples) / rate)
+
+    # OpenAI's compressed formats: the same audio (its length, to a codec frame), as the type says.
+    for fmt, media_type, codec_frame in (("mp3", "audio/mpeg", 1152), ("opus", "audio/ogg", 960), ("aac", "audio/aac", 1024)):
+        with _client(inline_server).audio.speech.with_streaming_response.create(
+            model=served.model, voice=served.voice, input=text, response_format=fmt, extra_body={"stage_params": served.greedy_stage_params}  # type: ignore[arg-type]
+        ) as response:
+            assert response.headers["content-type"] == media_type
+            decoded, decoded_rate = _decode_audio(response.read())
+        assert abs(len(decoded) / decoded_rate - len(samples) / rate) <= 2 * codec_frame / decoded_rate, fmt
+        assert np.abs(decoded).max() > 0, fmt
 
 
 @pytest.mark.parametrize(
@@ -515,7 +535,7 @@ ERROR_CASES: dict[str, tuple[Callable[[ServedModel], Any], int, str | None]] = {
     "messages-not-a-list": (lambda s: {"model": s.model, "messages": "hi"}, 400, None),
     "max-tokens-not-int": (lambda s: {"model": s.model, "messages": [_MSG], "max_tokens": "many"}, 400, None),
     "temperature-not-number": (lambda s: {"model": s.model, "messages": [_MSG], "temperature": [1]}, 400, None),
-    "missing-messages": (lambda s: {"model": s.model}, 400, None),
+    "missing-messages": (lambda s: {"model": s.model}, 400, "missing_required_parameter"),
     "unknown-role": (lambda s: {"model": s.model, "messages": [{"role": "robot", "content": "hi"}]}, 400, None),
     "unknown-model": (lambda s: {"model": "no-such-model", "messages": [_MSG]}, 404, "model_not_found"),
     "unknown-part-type": (lambda s: {"model": s.model, "messages": [{"role": "user", "content": [{"type": "hologram", "hologram": {}}]}]}, 400, None),

@@ -194,3 +194,41 @@ def test_images_take_a_task_as_chat_does(client: TestClient, task: str, status: 
     if task == "bogus":
         chat = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "task": task})
         assert chat.status_code == 400 and chat.json()["error"] == error, chat.text
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/images/generations", {"prompt": "a cat"}),
+        ("/v1/videos", {"prompt": "a cat"}),
+    ],
+)
+def test_a_request_that_names_no_model_gets_the_served_one(client: TestClient, route: str, body: dict[str, Any]) -> None:
+    """As vLLM takes it: `model` may be left out; a model named must be the served one."""
+    response = client.post(route, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["model" if route != "/v1/images/generations" else "created"]
+    if route == "/v1/videos":
+        assert response.json()["model"] == MODEL
+        assert client.post(route, files=[("prompt", (None, "a cat"))]).status_code == 200  # the form, likewise
+    other = client.post(route, json={**body, "model": "other"})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/v1/chat/completions", {}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages[0].role"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].image_url"),
+        ("/v1/images/generations", {"n": 1}, "prompt"),
+        ("/v1/videos", {"seconds": "4"}, "prompt"),
+        ("/v1/audio/speech", {"voice": "a"}, "input"),
+    ],
+)
+def test_a_missing_field_is_named_as_openai_names_it(client: TestClient, route: str, body: dict[str, Any], param: str) -> None:
+    error = _error(client.post(route, json={"model": MODEL, **body}), 400)
+    if route == "/v1/videos":  # the form says the same
+        assert _error(client.post(route, files=[(k, (None, v)) for k, v in body.items()]), 400) == error
+    assert error == {"message": f"Missing required parameter: {param!r}.", "type": "invalid_request_error", "param": param, "code": "missing_required_parameter"}

@@ -14,7 +14,8 @@ from omni_core.outputs import OutputDelta
 class OmniResult:
     """Everything a request produced, by modality.
 
-    `text`/`token_ids`/`logprobs`/`prompt_token_ids` come from the stage whose output is ``text``; `audio`
+    `text`/`token_ids`/`logprobs` come from the stage whose output is ``text``, `prompt_token_ids` too
+    (else from the first stage that sends them: a diffusion stage's prompt as its model read it); `audio`
     (float32 samples: ``[N]`` mono, or ``[N, 2]`` when a stage sends stereo) and `sample_rate`, `images`, `video`/`fps` and `actions` from whichever
     stage sends those keys (a diffusion stage may send a video and its audio in one delta).
     `actions` is an array (``[steps, action width]``), or a list of them for ``n`` samples.
@@ -34,18 +35,21 @@ class OmniResult:
     actions: Any = None
     extra: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     _audio_parts: list[Any] = attrs.field(factory=list, repr=False)
+    _prompt_from_text: bool = attrs.field(default=False, repr=False)
 
     def add(self, delta: OutputDelta) -> None:
         data = dict(delta.data)
-        if delta.modality == "text":
+        prompt = data.pop("prompt_token_ids", None)
+        text = delta.modality == "text"
+        if prompt is not None and (self.prompt_token_ids is None or (text and not self._prompt_from_text)):
+            self.prompt_token_ids = [int(t) for t in prompt]
+            self._prompt_from_text = text
+        if text:
             self.text += data.pop("text", "") or ""
             self.token_ids.extend(int(t) for t in data.pop("token_ids", []) or [])
             self.logprobs.extend(data.pop("logprobs", None) or [])
-            prompt = data.pop("prompt_token_ids", None)
-            if prompt is not None and self.prompt_token_ids is None:
-                self.prompt_token_ids = [int(t) for t in prompt]
             self.finish_reason = data.pop("finish_reason", None) or self.finish_reason
-        if delta.modality != "text":
+        else:
             self._add_media(data)
         if data:
             self.extra.setdefault(delta.stage, {}).update(data)

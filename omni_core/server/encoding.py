@@ -16,10 +16,19 @@ def pcm16(samples: Any) -> bytes:
     return (array * 32767.0).astype("<i2").tobytes()
 
 
+# Media types of the compressed formats (`omni_core.media.encode_audio_file`).
+COMPRESSED_AUDIO = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac"}
+
+
 def encode_audio(samples: Any, sample_rate: int, fmt: str) -> tuple[bytes, str]:
-    """Encode a waveform as ``wav``, ``flac`` or raw ``pcm``/``pcm16``; returns (bytes, media type)."""
+    """Encode a waveform as ``wav``, ``flac``, ``mp3``, ``opus``, ``aac`` or raw ``pcm``/``pcm16``;
+    returns (bytes, media type)."""
     if fmt in ("pcm", "pcm16"):
         return pcm16(samples), "audio/pcm"
+    if fmt in COMPRESSED_AUDIO:
+        from omni_core.media import encode_audio_file
+
+        return encode_audio_file(samples, sample_rate, fmt), COMPRESSED_AUDIO[fmt]
     import soundfile
 
     buffer = io.BytesIO()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import msgspec
@@ -48,21 +49,33 @@ def to_api_error(exc: BaseException) -> APIError:
     return APIError(500, "internal server error", type="server_error")
 
 
-def _validation_message(exc: ValidationException) -> tuple[str, str | None]:
+# msgspec's words for a missing field, and Litestar's name for the body's root.
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`")
+_BODY_ROOT = "data"
+
+
+def _validation_message(exc: ValidationException) -> tuple[str, str | None, str | None]:
+    """The message, param and code of a body that does not fit the route's schema; a missing field
+    is named as OpenAI names it ("Missing required parameter: 'messages'.", param ``messages``)."""
     extra: Any = exc.extra
     if isinstance(extra, list) and extra and isinstance(extra[0], dict):
         first = extra[0]
         key = first.get("key")
+        key = None if key == _BODY_ROOT else key
         message = str(first.get("message") or exc.detail)
-        return (f"{message} (at {key})" if key else message), key
-    return str(exc.detail), None
+        missing = _MISSING_FIELD.match(message)
+        if missing:
+            param = f"{key}.{missing[1]}" if key else missing[1]
+            return f"Missing required parameter: {param!r}.", param, "missing_required_parameter"
+        return (f"{message} (at {key})" if key else message), key, None
+    return str(exc.detail), None, None
 
 
 def handle_exception(request: Request, exc: Exception) -> Response[bytes]:
     """Litestar exception handler: every error leaves as an OpenAI error body."""
     if isinstance(exc, ValidationException):
-        message, param = _validation_message(exc)
-        return error_response(400, message, "invalid_request_error", param)
+        message, param, code = _validation_message(exc)
+        return error_response(400, message, "invalid_request_error", param, code)
     if isinstance(exc, RecursionError) and "deserializing" in str(exc):
         # msgspec's JSON decoder refuses nesting deeper than its recursion limit (``[[[[...``).
         return error_response(400, "the request body's JSON is nested too deeply", "invalid_request_error", code="json_too_deep")

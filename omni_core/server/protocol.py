@@ -54,7 +54,7 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
 
 class AudioParams(msgspec.Struct):
     voice: str | None = None
-    format: Literal["wav", "pcm16", "flac"] = "wav"
+    format: Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"] = "wav"
 
 
 class StreamOptions(msgspec.Struct):
@@ -71,7 +71,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     Media parts take base64 ``data:`` URLs, and the ``file://`` / ``http(s)://`` URLs the operator
     allowed (`omni_core.server.media_urls`, `omni_core.media_access`)."""
 
-    model: str
+    model: str | None = None  # unset: the served model (as vLLM takes it)
     messages: list[ChatMessage]
     modalities: list[Literal["text", "audio", "image", "video"]] | None = None
     audio: AudioParams | None = None
@@ -127,10 +127,10 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
 class SpeechRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/audio/speech``: text to audio; `stream_format` ``sse`` streams base64 chunks."""
 
-    model: str
+    model: str | None = None  # unset: the served model (as vLLM takes it)
     input: str
     voice: str | None = None
-    response_format: Literal["wav", "pcm", "flac"] = "wav"
+    response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac"] = "wav"
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
@@ -149,7 +149,7 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
     images, or that the family lacks, is a 400).
     """
 
-    model: str
+    model: str | None = None  # unset: the served model (as vLLM takes it)
     prompt: str
     n: int = 1
     size: str | None = None
@@ -184,7 +184,7 @@ class VideoRequest(msgspec.Struct, kw_only=True):
     that cannot take one answers 400.
     """
 
-    model: str
+    model: str | None = None  # unset: the served model (as vLLM takes it)
     prompt: str
     seconds: str | None = None
     size: str | None = None

@@ -60,8 +60,9 @@ DEFAULT_MAX_PROMPT_CHARS = 1_000_000
 CHAT_MODALITIES = ("text", "audio", "image")  # what a chat answer carries (images as content parts)
 
 
-def check_model(pipeline_model: str, served_name: str, requested: str) -> None:
-    if requested not in (served_name, pipeline_model):
+def check_model(pipeline_model: str, served_name: str, requested: str | None) -> None:
+    """A request names the served model (its served name or path), or none (as vLLM takes it)."""
+    if requested is not None and requested not in (served_name, pipeline_model):
         raise APIError(404, f"the model {requested!r} does not exist; this server serves {served_name!r}", param="model", code="model_not_found")
 
 

@@ -47,6 +47,7 @@ from omni_core.server.protocol import (
 )
 from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
 from omni_core.server.state import ServerState
+from omni_core.server.videos import VARIANT_MEDIA_TYPES, VideoVariant
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class ChatController(Controller):
         result = await tracked.run_while_connected(request.receive)
         audio = None
         if result.audio is not None:
-            encoded, _ = encode_audio(result.audio, result.sample_rate or 24000, audio_format)
+            encoded, _ = await asyncio.to_thread(encode_audio, result.audio, result.sample_rate or 24000, audio_format)
             audio = AudioOutput(id=f"audio_{uuid.uuid4().hex[:16]}", data=b64(encoded), expires_at=int(time.time()) + 3600, transcript=result.text)
         content: str | list[dict[str, Any]] | None = result.text
         if result.images:
@@ -233,7 +234,7 @@ class AudioController(Controller):
         result = await tracked.run_while_connected(request.receive)
         if result.audio is None:
             raise APIError(500, "the pipeline produced no audio", type="server_error")
-        encoded, media_type = encode_audio(result.audio, result.sample_rate or 24000, data.response_format)
+        encoded, media_type = await asyncio.to_thread(encode_audio, result.audio, result.sample_rate or 24000, data.response_format)
         return Response(encoded, media_type=media_type)
 
 
@@ -294,9 +295,12 @@ class VideosController(Controller):
     async def retrieve(self, video_id: str, server: ServerState) -> VideoJob:
         return server.videos.job(video_id)
 
-    @get("/{video_id:str}/content", responses={**ERROR_RESPONSES, 409: ResponseSpec(data_container=ErrorResponse, description="The video is not finished yet")}, summary="The finished video (MP4)", media_type="video/mp4")
-    async def content(self, video_id: str, server: ServerState) -> Response[bytes]:
-        return Response(server.videos.content(video_id), media_type="video/mp4")
+    @get(
+        "/{video_id:str}/content", responses={**ERROR_RESPONSES, 409: ResponseSpec(data_container=ErrorResponse, description="The video is not finished yet")},
+        summary="The finished video (MP4), or its thumbnail (WebP) or spritesheet (JPEG)", media_type="video/mp4",
+    )
+    async def content(self, video_id: str, server: ServerState, variant: VideoVariant = "video") -> Response[bytes]:
+        return Response(server.videos.content(video_id, variant), media_type=VARIANT_MEDIA_TYPES[variant])
 
 
 @get("/v1/models", tags=["models"], responses={401: ERROR_RESPONSES[401]}, summary="The served model")

@@ -1,6 +1,7 @@
 """Video jobs, as OpenAI's Videos API has them: ``POST /v1/videos`` starts one, ``GET`` polls it
 (``queued`` until the stage that draws starts it, e.g. behind others under its token budget, then
-``in_progress``, its ``progress`` following the denoising steps), ``/content`` downloads the MP4,
+``in_progress``, its ``progress`` following the denoising steps), ``/content`` downloads the MP4
+(``?variant=thumbnail``: its first frame as WebP; ``spritesheet``: frames across the clip as one JPEG),
 ``GET /v1/videos`` lists the jobs and ``DELETE`` cancels one (the request is aborted in every stage)
 and forgets it."""
 
@@ -15,16 +16,24 @@ import attrs
 import msgspec
 
 from omni_core.media import encode_mp4
+from omni_core.server.encoding import encode_image
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.generation import Tracked
 from omni_core.server.protocol import ErrorDetail, VideoDeleted, VideoJob, VideoList
+
+# What ``GET /v1/videos/{id}/content?variant=`` returns, as OpenAI's Videos API has it.
+VARIANT_MEDIA_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg"}
+VideoVariant = Literal["video", "thumbnail", "spritesheet"]
+SPRITESHEET_FRAMES = 8  # evenly spaced over the clip, first and last included
+SPRITESHEET_COLUMNS = 4
+SPRITE_WIDTH = 256  # a wider frame is scaled down to this width in the spritesheet
 
 
 @attrs.define
 class _Entry:
     job: VideoJob
     task: asyncio.Task | None = None
-    content: bytes | None = None
+    content: dict[str, bytes] | None = None  # by variant, once completed
 
 
 class VideoJobs:
@@ -67,7 +76,8 @@ class VideoJobs:
             if result.video is None:
                 raise APIError(500, "the pipeline produced no video", type="server_error")
             fps = result.fps or 24.0
-            entry.content = await asyncio.to_thread(encode_mp4, result.video, fps, result.audio, result.sample_rate)
+            mp4 = await asyncio.to_thread(encode_mp4, result.video, fps, result.audio, result.sample_rate)
+            entry.content = {"video": mp4, **await asyncio.to_thread(_stills, result.video)}
             frames, height, width = _video_shape(result.video)
             entry.job = msgspec.structs.replace(
                 entry.job, status="completed", progress=100, completed_at=int(time.time()),
@@ -92,11 +102,12 @@ class VideoJobs:
     def job(self, video_id: str) -> VideoJob:
         return self._entry(video_id).job
 
-    def content(self, video_id: str) -> bytes:
+    def content(self, video_id: str, variant: VideoVariant = "video") -> bytes:
+        """The finished job's MP4, or its ``thumbnail`` or ``spritesheet`` (`VARIANT_MEDIA_TYPES`)."""
         entry = self._entry(video_id)
         if entry.content is None:
             raise APIError(409 if entry.job.status != "failed" else 400, f"video {video_id!r} is {entry.job.status}", param="video_id", code="video_not_ready")
-        return entry.content
+        return entry.content[variant]
 
     def list(self, limit: int = 20, after: str | None = None, order: Literal["asc", "desc"] = "desc") -> VideoList:
         """A page of jobs by creation, newest first for ``desc``; `after` is the last id of the
@@ -122,6 +133,26 @@ class VideoJobs:
             entry.task.cancel()
             await asyncio.gather(entry.task, return_exceptions=True)
         return VideoDeleted(id=video_id)
+
+
+def _stills(video: Any) -> dict[str, bytes]:
+    """A (T, H, W, 3) uint8 video's ``thumbnail`` (its first frame, WebP) and ``spritesheet`` (up to
+    `SPRITESHEET_FRAMES` frames evenly spaced, `SPRITESHEET_COLUMNS` a row, each at most
+    `SPRITE_WIDTH` wide, one JPEG)."""
+    import numpy as np
+    from PIL import Image
+
+    frames = np.asarray(video)
+    count = min(SPRITESHEET_FRAMES, len(frames))
+    picked = [Image.fromarray(frames[i]) for i in np.linspace(0, len(frames) - 1, count).round().astype(int)]
+    width, height = picked[0].size
+    if width > SPRITE_WIDTH:
+        width, height = SPRITE_WIDTH, max(1, round(height * SPRITE_WIDTH / width))
+    columns = min(SPRITESHEET_COLUMNS, count)
+    sheet = Image.new("RGB", (columns * width, -(-count // columns) * height))
+    for i, frame in enumerate(picked):
+        sheet.paste(frame.resize((width, height), Image.Resampling.BICUBIC), ((i % columns) * width, (i // columns) * height))
+    return {"thumbnail": encode_image(frames[0], "webp"), "spritesheet": encode_image(np.asarray(sheet), "jpeg")}
 
 
 def _video_shape(video: Any) -> tuple[int, int, int]:

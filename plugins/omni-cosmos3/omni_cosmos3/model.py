@@ -550,7 +550,8 @@ class Cosmos3Model(DiffusionModel):
         payloads = []
         for sample, pixels in zip(samples, videos):
             request: Request = sample.state.request
-            payload: dict[str, Any] = {"task": request.task}
+            # (the cond row's tokens: what the request's usage counts as its prompt)
+            payload: dict[str, Any] = {"task": request.task, "prompt_token_ids": list(sample.state.rows[0].input_ids)}
             if request.task == "t2i":
                 payload["image"] = pixels[0]
             else:

@@ -112,6 +112,15 @@ def test_chat_without_modalities_answers_with_the_image_the_images_route_draws(s
     )
     assert images.status_code == 200, images.text
     assert png == base64.b64decode(images.json()["data"][0]["b64_json"])
+    # usage counts the prompt the generator read (its templated tokens), and no completion tokens
+    usage = chat.json()["usage"]
+    assert usage["prompt_tokens"] > 3 and usage["completion_tokens"] == 0 and usage["total_tokens"] == usage["prompt_tokens"]
+    longer = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "a red apple on a wooden table by the window"}], "stage_params": {"generator": generator}},
+        timeout=120,
+    )
+    assert longer.json()["usage"]["prompt_tokens"] > usage["prompt_tokens"]
 
 
 def _post_image(server: LiveServer, **fields: Any) -> dict[str, Any]:

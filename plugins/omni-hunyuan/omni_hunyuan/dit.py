@@ -57,6 +57,7 @@ class _State:
     latents: torch.Tensor  # fp32 [1, C, h, w]
     sigmas: torch.Tensor
     guidance_scale: float
+    prompt_ids: list[int]  # the text the image is drawn after (what the request's usage counts)
 
 
 class HunyuanDiT(DiffusionModel):
@@ -136,7 +137,7 @@ class HunyuanDiT(DiffusionModel):
         return [
             DiffusionSample(
                 request_id, index, steps, (side_h, side_w),
-                _State(prefix, initial_noise(seed + index, self.config.latent_channels, side_h, side_w, self.device), sigmas, guidance),
+                _State(prefix, initial_noise(seed + index, self.config.latent_channels, side_h, side_w, self.device), sigmas, guidance, text_ids),
                 tokens=tokens,
             )
             for index in range(n)
@@ -235,4 +236,4 @@ class HunyuanDiT(DiffusionModel):
         for sample in samples:
             sample.state.prefix = None  # the prefix KV is the request's largest state: let it go now
         self._batch = None  # (it holds the finished samples' caches too)
-        return [{"image": image} for image in images]
+        return [{"image": image, "prompt_token_ids": sample.state.prompt_ids} for sample, image in zip(samples, images)]

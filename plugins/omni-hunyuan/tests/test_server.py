@@ -191,3 +191,21 @@ def test_a_bad_reuse_prefix_kv_is_a_400_before_any_stream(server: LiveServer, st
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text
     assert "reuse_prefix_kv must be true or false" in response.json()["error"]["message"]
+
+
+def test_usage_counts_the_prompt_the_answer_was_made_from(client: openai.OpenAI, tokenizer: object) -> None:
+    """``usage``: an image alone counts the DiT's prompt (``<bos>`` and the prompt's tokens, as it
+    drew after them) and no completion tokens, streamed too; think-then-draw counts the ar stage's
+    prompt and its reasoning with the ratio step."""
+    prompt_tokens = 1 + len(tokenizer.encode("A lighthouse at night", add_special_tokens=False))
+    image_alone = _chat(client, ["image"]).usage
+    assert (image_alone.prompt_tokens, image_alone.completion_tokens, image_alone.total_tokens) == (prompt_tokens, 0, prompt_tokens)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A lighthouse at night"}], modalities=["image"],  # type: ignore[list-item]
+        stream=True, stream_options={"include_usage": True}, extra_body={"stage_params": STEPS},
+    )
+    assert [chunk.usage for chunk in stream if chunk.usage] == [image_alone]
+    thought = _chat(client, ["text", "image"]).usage
+    # the ar prompt (User/Assistant template, <think>) is longer than the bare prompt; 5 tokens of
+    # reasoning, then the ratio step's five
+    assert thought.prompt_tokens > prompt_tokens and thought.completion_tokens == STEPS["ar"]["max_tokens"] + 5

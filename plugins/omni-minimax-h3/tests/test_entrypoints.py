@@ -94,6 +94,7 @@ def test_openai_client_creates_polls_and_downloads_a_video(server: LiveServer, t
     import warnings
 
     import openai
+    from PIL import Image
 
     frame = tmp_path / "first.png"
     frame.write_bytes(base64.b64decode(_png_data_url(48, 32, 7).split(",", 1)[1]))
@@ -108,6 +109,14 @@ def test_openai_client_creates_polls_and_downloads_a_video(server: LiveServer, t
         done = client.videos.poll(job.id, poll_interval_ms=200)
         assert (done.status, done.progress, done.size, done.seconds) == ("completed", 100, "32x32", "5.167")
         assert _streams(client.videos.download_content(job.id).content) == (124, 2, 8000)
+        # The stills OpenAI's API offers: the first frame (WebP), 8 frames across the clip 4 a row (JPEG).
+        thumbnail = client.videos.download_content(job.id, variant="thumbnail")
+        spritesheet = client.videos.download_content(job.id, variant="spritesheet")
+        assert (thumbnail.response.headers["content-type"], spritesheet.response.headers["content-type"]) == ("image/webp", "image/jpeg")
+        stills = [Image.open(io.BytesIO(still.content)) for still in (thumbnail, spritesheet)]
+        assert [(still.format, still.size) for still in stills] == [("WEBP", (32, 32)), ("JPEG", (128, 64))]
+        with pytest.raises(openai.BadRequestError, match="variant"):
+            client.videos.download_content(job.id, variant="poster")  # type: ignore[arg-type]
         assert job.id in [video.id for video in client.videos.list()]
         assert client.videos.delete(job.id).deleted
         with pytest.raises(openai.BadRequestError, match="multiples of 32"):
