@@ -88,35 +88,58 @@ class ServedModel:
     unsupported_part: dict[str, Any] | None = None
     mm_processor_kwargs: tuple[dict[str, Any], dict[str, Any]] | None = None
     reference: Callable[[list[dict[str, str]], int], Reference] | None = None
+    # greedy reference of a raw completion: (prompt, max_tokens) -> (the prompt's token ids, the text)
+    completion_reference: Callable[[str, int], tuple[list[int], str]] | None = None
+
+
+def _toy_root() -> Any:
+    from omni_core.config.modelref import resolve_model_path
+    from omni_core.plugins import default_plugins
+
+    return resolve_model_path("omni-tiny/toy", default_plugins())
+
+
+def _toy_greedy(prompt_ids: list[int], max_tokens: int) -> tuple[list[int], np.ndarray]:
+    """transformers greedy generation on the toy LM: the new tokens and each one's log-softmax."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(_toy_root() / "lm", dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = lm.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    return out.sequences[0, len(prompt_ids) :].tolist(), torch.log_softmax(torch.cat(out.logits).float(), dim=-1).numpy()
 
 
 def _toy_reference(messages: list[dict[str, str]], max_tokens: int) -> Reference:
     """transformers greedy generation on the toy LM, then the toy vocoder over all tokens at once."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from omni_core.config.modelref import resolve_model_path
-    from omni_core.plugins import default_plugins
     from omni_toy.vocoder import WEIGHTS_NAME, ToyVocoderNet, VocoderConfig
 
-    root = resolve_model_path("omni-tiny/toy", default_plugins())
+    root = _toy_root()
     tokenizer = AutoTokenizer.from_pretrained(root / "lm")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
-    lm = AutoModelForCausalLM.from_pretrained(root / "lm", dtype=torch.float32).eval()
-    with torch.inference_mode():
-        out = lm.generate(
-            torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
-    token_ids = out.sequences[0, len(prompt_ids) :].tolist()
-    log_softmax = torch.log_softmax(torch.cat(out.logits).float(), dim=-1).numpy()
+    token_ids, log_softmax = _toy_greedy(prompt_ids, max_tokens)
     config = VocoderConfig.read(root / "vocoder")
     net = ToyVocoderNet(config)
     net.load_state_dict(load_file(str(root / "vocoder" / WEIGHTS_NAME)))
     with torch.inference_mode():
         audio = net.eval()(net.features(torch.tensor([token_ids])))[0].numpy()
     return Reference(prompt_ids, token_ids, tokenizer.decode(token_ids, skip_special_tokens=True), audio, config.sample_rate, log_softmax)
+
+
+def _toy_completion(prompt: str, max_tokens: int) -> tuple[list[int], str]:
+    """The toy LM continuing `prompt` as it is (tokenized as vLLM tokenizes a completion's prompt), greedy."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(_toy_root() / "lm")
+    prompt_ids = tokenizer(prompt).input_ids
+    return prompt_ids, tokenizer.decode(_toy_greedy(prompt_ids, max_tokens)[0], skip_special_tokens=True)
 
 
 CASES = {
@@ -129,6 +152,7 @@ CASES = {
         rejecting_stage_params={"vocoder": {"fail": "request"}},
         unsupported_part={"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
         reference=_toy_reference,
+        completion_reference=_toy_completion,
     ),
     "omni-tiny/qwen3-omni": ServedModel(
         model="omni-tiny/qwen3-omni",
@@ -434,6 +458,72 @@ def test_stage_params_and_max_tokens(inline_server: LiveServer, served: ServedMo
     assert tokens(max_tokens=6, extra_body={"stage_params": {stage: {"max_tokens": 2, "ignore_eos": True}}}) == 2
 
 
+# -- completions ------------------------------------------------------------------------------------
+
+
+def test_completions_continue_the_prompt_as_it_is(inline_server: LiveServer, served: ServedModel) -> None:
+    """/v1/completions (as vLLM serves it: what `vllm bench serve` asks): the prompt continued with no
+    chat template, greedy equal to transformers on the toy LM (its text, and its token ids as the
+    prompt); a batch answers each prompt as alone, streamed the same text; logprobs per token."""
+    client = _client(inline_server)
+    greedy = {"temperature": 0.0, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
+    alone = client.completions.create(model=served.model, prompt="The sky is", logprobs=1, **greedy)  # type: ignore[arg-type]
+    (choice,) = alone.choices
+    assert alone.object == "text_completion" and choice.finish_reason == "length"
+    assert alone.usage.completion_tokens == 6 and alone.usage.total_tokens == alone.usage.prompt_tokens + 6
+    assert choice.logprobs is not None and len(choice.logprobs.tokens) == 6 and len(choice.logprobs.top_logprobs) == 6
+    assert choice.logprobs.text_offset[0] == 0 and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    if served.completion_reference is not None:
+        prompt_ids, text = served.completion_reference("The sky is", 6)
+        assert alone.usage.prompt_tokens == len(prompt_ids) and choice.text == text
+        by_ids = client.completions.create(model=served.model, prompt=prompt_ids, **greedy)  # type: ignore[arg-type]
+        assert by_ids.choices[0].text == text
+    other = client.completions.create(model=served.model, prompt="Once upon", **greedy)  # type: ignore[arg-type]
+    batch = client.completions.create(model=served.model, prompt=["The sky is", "Once upon"], **greedy)  # type: ignore[arg-type]
+    assert [(c.index, c.text) for c in batch.choices] == [(0, choice.text), (1, other.choices[0].text)]
+    assert batch.usage.completion_tokens == 12 and batch.usage.prompt_tokens == alone.usage.prompt_tokens + other.usage.prompt_tokens
+    chunks = list(client.completions.create(model=served.model, prompt=["The sky is", "Once upon"], stream=True, stream_options={"include_usage": True}, **greedy))  # type: ignore[arg-type]
+    for index, expected in enumerate((choice.text, other.choices[0].text)):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert "".join(c.text for c in mine) == expected and [c.finish_reason for c in mine][-1] == "length"
+    assert chunks[-1].usage == batch.usage and not chunks[-1].choices
+
+
+def test_streams_end_each_event_as_vllm_does(inline_server: LiveServer, served: ServedModel) -> None:
+    """Each SSE event ends in a ``\n\n`` blank line, as vLLM's server ends them: vLLM's own benchmark
+    client (`vllm bench serve`), which splits what it reads on ``"\n\n"``, finds every event even
+    when a whole stream arrives in one read (under Litestar's ``\r\n\r\n`` it lost all but one)."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
+    usage = {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 4, "ignore_eos": True}
+    for route, body in (
+        ("/v1/completions", {"prompt": "The sky is", **usage}),
+        ("/v1/chat/completions", {"messages": PROMPT, "modalities": ["text"], **usage}),
+    ):
+        raw = httpx.post(f"{inline_server.url}{route}", json={"model": served.model, **body}, timeout=120).content
+        assert b"\r" not in raw, route
+        messages = StreamedResponseHandler().add_chunk(raw)
+        assert messages[-1] == "data: [DONE]" and len(messages) == raw.count(b"\n\n") >= 3, (route, messages)
+        events = [json.loads(message.removeprefix("data: ")) for message in messages[:-1]]
+        assert events[-1]["usage"]["completion_tokens"] == 4 and all(event["choices"] for event in events[:-1]), route
+
+
+def test_completions_refuse_what_they_do_not_implement(inline_server: LiveServer, served: ServedModel) -> None:
+    url = f"{inline_server.url}/v1/completions"
+    for body, param in (
+        ({"prompt": "hi", "echo": True}, "echo"),
+        ({"prompt": "hi", "suffix": "end"}, "suffix"),
+        ({"prompt": "hi", "n": 2}, "n"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": [1.5]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({}, "prompt"),
+    ):
+        assert _assert_error_body(httpx.post(url, json=body, timeout=60), 400)["param"] == param, body
+    _complete_ok(inline_server, served)
+
+
 # -- speech, images, videos -------------------------------------------------------------------------
 
 
@@ -479,6 +569,9 @@ def test_speech_wav_and_sse(inline_server: LiveServer, served: ServedModel) -> N
             decoded, decoded_rate = _decode_audio(response.read())
         assert abs(len(decoded) / decoded_rate - len(samples) / rate) <= 2 * codec_frame / decoded_rate, fmt
         assert np.abs(decoded).max() > 0, fmt
+    # OpenAI's speed: the model's own pace only, never an answer that ignored it
+    slower = httpx.post(f"{inline_server.url}/v1/audio/speech", json={"model": served.model, "input": text, "speed": 0.5}, timeout=60)
+    assert _assert_error_body(slower, 400)["param"] == "speed"
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from typing import Any
 
 from omni_core.config.tasks import request_entries
 from omni_core.engine.request import OmniRequest
+from omni_core.engine.vllm_inputs import VLLM_PROMPT
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.parts import InputProcessor, PartContext
@@ -14,7 +15,8 @@ from omni_core.parts import InputProcessor, PartContext
 
 class TextPromptProcessor(InputProcessor):
     """Gives every entry stage of the request (of its task, if the pipeline has tasks)
-    ``{"prompt": text}`` or ``{"messages": [...]}``.
+    ``{"prompt": text}``, ``{"messages": [...]}``, or a vLLM prompt's ``{"prompt_token_ids": [...]}``
+    (`omni_core.engine.vllm_inputs`: its text is the ``prompt``; it may carry no media here).
 
     Families with multimodal input provide their own processor (`PipelineConfig.input_processor`).
     """
@@ -24,7 +26,12 @@ class TextPromptProcessor(InputProcessor):
         self.entries = functools.lru_cache(maxsize=None)(functools.partial(request_entries, context.pipeline))
 
     def process(self, request: OmniRequest) -> dict[str, StageInput]:
-        if request.prompt is not None:
+        vllm_prompt = request.extra.get(VLLM_PROMPT) or {}
+        if vllm_prompt.get("multi_modal_data"):
+            raise InvalidRequestError("this model takes no multi_modal_data: give a text prompt or token ids", param="multi_modal_data")
+        if vllm_prompt.get("prompt_token_ids") is not None:
+            data: dict[str, Any] = {"prompt_token_ids": list(vllm_prompt["prompt_token_ids"])}
+        elif request.prompt is not None:
             if not isinstance(request.prompt, str):
                 raise InvalidRequestError("prompt must be a string", param="prompt")
             data = {"prompt": request.prompt}

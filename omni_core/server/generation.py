@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import TYPE_CHECKING, AsyncIterator
 
@@ -87,19 +86,33 @@ class Tracked:
         """`run()` for a route that answers once at the end: if the client goes away first, the
         request is cancelled in every stage (as a closed stream is) instead of running to its end
         for nobody. Once the body is read, the ASGI ``receive`` returns only at the disconnect."""
-        work = asyncio.ensure_future(self.run())
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not work.done():
-                work.cancel()  # the client left (or this handler was cancelled): abort the request
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-            gone.cancel()
-        if work.cancelled():
-            raise RequestCancelledError(f"request {self.request.request_id}: the client disconnected")
-        return work.result()
+        return (await run_while_connected([self], receive))[0]
+
+
+async def run_while_connected(batch: list[Tracked], receive: Receive) -> list[OmniResult]:
+    """`Tracked.run` of each request of one HTTP request (a completions batch), together: the client
+    going away, or one of them failing, cancels the others in every stage."""
+    work = [asyncio.ensure_future(tracked.run()) for tracked in batch]
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        pending = set(work)
+        while pending and not gone.done():
+            done, pending = await asyncio.wait(pending | {gone}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(gone)
+            if any(not task.cancelled() and task.exception() is not None for task in done if task is not gone):
+                break
+    finally:
+        unfinished = [task for task in work if not task.done()]
+        for task in unfinished:
+            task.cancel()  # the client left, a sibling failed (or this handler was cancelled): abort
+        await asyncio.gather(*unfinished, return_exceptions=True)
+        gone.cancel()
+    for task in work:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    if any(task.cancelled() for task in work):
+        raise RequestCancelledError(f"request {batch[0].request.request_id}: the client disconnected")
+    return [task.result() for task in work]
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -124,6 +124,68 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None
 
 
+class CompletionRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/completions`` (OpenAI's legacy completions, as vLLM serves them): raw text continued
+    by the pipeline's text stage, no chat template. `prompt` is a string, a list of token ids, or a
+    list of either (a batch: one choice per prompt). `logprobs` (0-20) asks for the sampled token's
+    and that many top tokens' log-probabilities. The sampling fields are chat completions' (vLLM's
+    extra ones included); `stage_params` as there."""
+
+    model: str | None = None  # unset: the served model (as vLLM takes it)
+    prompt: Any  # str | list[int] | list[str] | list[list[int]] (checked in `completion_requests`)
+    max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: int | None = None
+    user: str | None = None
+    stage_params: dict[str, dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    # OpenAI's and vLLM's fields Omni does not implement: refused unless they ask for nothing
+    # (`UNSUPPORTED_COMPLETION_FIELDS`).
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    use_beam_search: bool | None = None
+    prompt_logprobs: int | None = None
+    prompt_embeds: Any = None
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None  # OpenAI's ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
+
+
+class Completion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    object: str = "text_completion"
+
+
 class SpeechRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/audio/speech``: text to audio; `stream_format` ``sse`` streams base64 chunks."""
 
@@ -133,6 +195,7 @@ class SpeechRequest(msgspec.Struct, kw_only=True):
     response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac"] = "wav"
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
+    speed: float | None = None  # OpenAI's; only 1.0 (the model's own pace): another is a 400
     stage_params: dict[str, dict[str, Any]] | None = None
 
 

@@ -11,6 +11,7 @@ from omni_core.server.errors import APIError
 from omni_core.server.media_urls import chat_messages, data_url
 from omni_core.server.protocol import (
     ChatCompletionRequest,
+    CompletionRequest,
     ImageGenerationRequest,
     SpeechRequest,
     VideoRequest,
@@ -48,6 +49,16 @@ UNSUPPORTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
     "chat_template": (None,),
     "chat_template_kwargs": (None, {}),
     "prompt_logprobs": (None,),
+}
+
+# The same for completions.
+UNSUPPORTED_COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "use_beam_search": (None, False),
+    "prompt_logprobs": (None,),
+    "prompt_embeds": (None,),
 }
 
 # A prompt's text is refused before it is tokenized when it is longer than this many characters per
@@ -195,26 +206,11 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
                 400, f"a chat completion carries {', '.join(CHAT_MODALITIES)}, not {modality}: ask /v1/videos for videos",
                 param="modalities", code="unsupported_modality",
             )
-    sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    if body.logprobs:
-        if not 0 <= (body.top_logprobs or 0) <= MAX_TOP_LOGPROBS:
-            raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {body.top_logprobs}", param="top_logprobs")
-        sampling["logprobs"] = body.top_logprobs or 0  # (vLLM's: the sampled token's, and this many top ones)
-    if body.response_format is not None:
-        structured = structured_outputs(body.response_format)
-        if structured is not None:
-            if body.structured_outputs is not None:
-                raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
-            sampling["structured_outputs"] = structured
-    if body.structured_outputs is not None:  # vLLM's own form (json, regex, choice, grammar, ...)
-        sampling["structured_outputs"] = body.structured_outputs
+    top = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
-        sampling["max_tokens"] = max_tokens
+    sampling = _sampling(body, top, "top_logprobs", max_tokens)
     extra: dict[str, Any] = {}
     if body.audio is not None and body.audio.voice:
         extra["voice"] = body.audio.voice
@@ -228,6 +224,72 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
         extra=extra,
         request_id=f"chatcmpl-{new_request_id()[4:]}",
     )
+
+
+def _sampling(body: ChatCompletionRequest | CompletionRequest, top: int | None, top_param: str, max_tokens: int | None) -> dict[str, Any]:
+    """The first AR stage's parameters from a chat or completion body's sampling fields: `top` the
+    count of top log-probabilities asked for (None: none; named `top_param` in the body)."""
+    sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
+    if top is not None:
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"{top_param} must be between 0 and {MAX_TOP_LOGPROBS}, got {top}", param=top_param)
+        sampling["logprobs"] = top  # (vLLM's: the sampled token's, and this many top ones)
+    if body.response_format is not None:
+        structured = structured_outputs(body.response_format)
+        if structured is not None:
+            if body.structured_outputs is not None:
+                raise APIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
+            sampling["structured_outputs"] = structured
+    if body.structured_outputs is not None:  # vLLM's own form (json, regex, choice, grammar, ...)
+        sampling["structured_outputs"] = body.structured_outputs
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
+        sampling["max_tokens"] = max_tokens
+    return sampling
+
+
+def completion_requests(body: CompletionRequest, pipeline: ResolvedPipeline, max_chars: int | None = None) -> list[OmniRequest]:
+    """The requests a completion body makes, one per prompt of its batch: each prompt as vLLM takes
+    one (`request_from_vllm_prompt`: text tokenized as it is, or token ids), text out."""
+    from omni_core.engine.vllm_inputs import request_from_vllm_prompt
+
+    check_produces(pipeline, "text", "/v1/completions")
+    if body.n != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    for field, harmless in UNSUPPORTED_COMPLETION_FIELDS.items():
+        if getattr(body, field) not in harmless:
+            raise APIError(400, f"{field} is not supported by Omni's completions: leave it out", param=field)
+    prompts = _completion_prompts(body.prompt)
+    check_prompt_size(sum(len(p) for p in prompts if isinstance(p, str)), max_chars, "prompt")
+    params = stage_params(pipeline, _sampling(body, body.logprobs, "logprobs", body.max_tokens), body.stage_params)
+    batch = new_request_id()[4:]
+    requests = []
+    for index, prompt in enumerate(prompts):
+        request = request_from_vllm_prompt({"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": prompt}, params)
+        request.modalities = ("text",)
+        request.request_id = f"cmpl-{batch}" + (f"-{index}" if len(prompts) > 1 else "")
+        requests.append(request)
+    return requests
+
+
+def _completion_prompts(prompt: Any) -> list[str | list[int]]:
+    """OpenAI's `prompt`: a string, token ids, or a non-empty list of either."""
+
+    def token_ids(value: Any) -> bool:
+        return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or token_ids(p) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise APIError(400, "prompt must be a string, a list of token ids, or a non-empty list of either", param="prompt")
+    if any(isinstance(p, str) and not p for p in prompts):
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    return prompts
 
 
 def structured_outputs(response_format: dict[str, Any]) -> dict[str, Any] | None:
@@ -251,6 +313,8 @@ def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline, max_chars: i
     check_prompt_size(len(body.input) + len(body.instructions or ""), max_chars, "input")
     if not body.input.strip():
         raise APIError(400, "input must not be empty", param="input")
+    if body.speed is not None and body.speed != 1.0:
+        raise APIError(400, f"speed {body.speed} is not supported: the audio comes at the model's own pace (1.0)", param="speed")
     extra: dict[str, Any] = {"task": "speech"}
     if body.voice:
         extra["voice"] = body.voice

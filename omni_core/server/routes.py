@@ -15,6 +15,7 @@ from litestar.enums import RequestEncodingType
 from litestar.openapi import ResponseSpec
 from litestar.params import Body
 from litestar.response import ServerSentEvent
+from litestar.response.sse import ServerSentEventMessage
 from typing_extensions import Annotated
 
 from omni_core.engine.request import OmniRequest
@@ -22,7 +23,7 @@ from omni_core.outputs import OutputDelta
 from omni_core.server.encoding import b64, encode_audio, encode_image, encode_png, image_size, pcm16
 from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.forms import FormRequest
-from omni_core.server.generation import Tracked
+from omni_core.server.generation import Tracked, run_while_connected
 from omni_core.server.media_urls import inline_media_params
 from omni_core.server.protocol import (
     AssistantMessage,
@@ -30,6 +31,9 @@ from omni_core.server.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     Choice,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
     ErrorDetail,
     ErrorResponse,
     ImageData,
@@ -45,15 +49,15 @@ from omni_core.server.protocol import (
     VideoList,
     VideoRequest,
 )
-from omni_core.server.requests import chat_request, check_model, image_request, speech_request, video_request
+from omni_core.server.requests import chat_request, check_model, completion_requests, image_request, speech_request, video_request
 from omni_core.server.state import ServerState
 from omni_core.server.videos import VARIANT_MEDIA_TYPES, VideoVariant
 
 logger = logging.getLogger(__name__)
 
 
-async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, request: Request | None = None) -> OmniRequest:
-    """``build(data, pipeline, *args)``, then its media stage parameters inlined
+async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, request: Request | None = None) -> Any:
+    """``build(data, pipeline, *args)`` (an `OmniRequest`, or a list of them), then their media stage parameters inlined
     (`inline_media_params`): in a thread, as an allowed media URL is read or fetched there.
     With the HTTP `request`, the fields of its body (JSON, or a form: `FormRequest`) that `data`'s
     type does not read are logged (once a field: as vLLM does, they are ignored; OpenAI's clients
@@ -64,12 +68,13 @@ async def _omni_request(server: ServerState, build: Any, data: Any, *args: Any, 
         # thread (a large body's, with its values left raw, takes milliseconds).
         body = await request.json() if request.content_type[0] == RequestEncodingType.MULTI_PART else await request.body()
 
-    def run() -> OmniRequest:
+    def run() -> OmniRequest | list[OmniRequest]:
         if request is not None:
             _note_ignored_fields(server, body, type(data), request.url.path)
-        omni_request: OmniRequest = build(data, server.engine.pipeline, *args)
-        inline_media_params(omni_request.params, server.engine.media_params, server.media)
-        return omni_request
+        built: OmniRequest | list[OmniRequest] = build(data, server.engine.pipeline, *args)
+        for omni_request in built if isinstance(built, list) else [built]:
+            inline_media_params(omni_request.params, server.engine.media_params, server.media)
+        return built
 
     return await asyncio.to_thread(run)
 
@@ -104,6 +109,21 @@ SSE_RESPONSE = {
 }
 
 
+def _sse(events: AsyncIterator[str]) -> ServerSentEvent:
+    """A stream of ``data: EVENT`` messages, each ended by a blank line of ``\n`` as vLLM's server
+    ends them: clients that split the stream on ``"\n\n"`` (vLLM's own ``vllm bench serve``) miss
+    events under Litestar's default ``\r\n`` when several arrive in one read."""
+
+    async def messages() -> AsyncIterator[ServerSentEventMessage]:
+        try:
+            async for event in events:
+                yield ServerSentEventMessage(data=event, sep="\n")
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    return ServerSentEvent(messages())
+
+
 def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
@@ -132,7 +152,7 @@ class ChatController(Controller):
         if data.stream:
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             logprobs = (data.top_logprobs or 0) if data.logprobs else None
-            return ServerSentEvent(_chat_events(tracked, await tracked.open_stream(), server.model_name, include_usage, logprobs))
+            return _sse(_chat_events(tracked, await tracked.open_stream(), server.model_name, include_usage, logprobs))
         result = await tracked.run_while_connected(request.receive)
         audio = None
         if result.audio is not None:
@@ -220,6 +240,147 @@ async def _chat_events(
     yield "[DONE]"
 
 
+class CompletionsController(Controller):
+    path = "/v1/completions"
+    tags = ["completions"]
+
+    @post(status_code=200, responses=SSE_RESPONSE, summary="Create a completion (the prompt's text continued as it is, no chat template)")
+    async def create(self, data: Annotated[CompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
+        check_model(server.engine.pipeline.model, server.model_name, data.model)
+        batch = await _start_all(server, await _omni_request(server, completion_requests, data, server.max_prompt_chars, request=request))
+        if data.stream:
+            streams: list[AsyncIterator[OutputDelta]] = []
+            try:
+                for tracked in batch:
+                    streams.append(await tracked.open_stream())
+            except BaseException:
+                await _close_all(batch, streams)
+                raise
+            include_usage = bool(data.stream_options and data.stream_options.include_usage)
+            return _sse(_completion_events(batch, streams, server.model_name, include_usage, data.logprobs))
+        results = await run_while_connected(batch, request.receive)
+        choices = [
+            CompletionChoice(
+                index=index, text=result.text, finish_reason=result.finish_reason or "stop",
+                logprobs=_completion_logprobs(_logprob_entries(result.token_ids, result.logprobs, data.logprobs)) if data.logprobs is not None else None,
+            )
+            for index, result in enumerate(results)
+        ]
+        body = Completion(id=batch[0].request.request_id, created=int(time.time()), model=server.model_name, choices=choices, usage=_batch_usage(batch))
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def _start_all(server: ServerState, requests: list[OmniRequest]) -> list[Tracked]:
+    """Submit every request of a batch, or none: one the engine refuses aborts those already in."""
+    batch: list[Tracked] = []
+    try:
+        for omni_request in requests:
+            batch.append(await Tracked.start_request(server.engine, omni_request, server.metrics))
+    except BaseException:
+        await _close_all(batch, [])
+        raise
+    return batch
+
+
+async def _close_all(batch: list[Tracked], streams: list[AsyncIterator[OutputDelta]]) -> None:
+    """Abort a batch's requests in every stage (their opened streams first)."""
+    for stream in streams:
+        await stream.aclose()  # type: ignore[attr-defined]
+    for tracked in batch:
+        await tracked.stream.aclose()  # type: ignore[attr-defined]
+
+
+def _batch_usage(batch: list[Tracked]) -> Usage:
+    usages = [_usage(tracked) for tracked in batch]
+    prompt, completion = sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """Chat's per-token entries (`_logprob_entries`) as OpenAI's completions lay them out; `offset`
+    is the first token's place in the completion's text."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": [entry["token"] for entry in entries],
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+async def _merged(streams: list[AsyncIterator[OutputDelta]]) -> AsyncIterator[tuple[int, OutputDelta | None]]:
+    """The deltas of several streams as they come, each tagged with its stream's index; ``(i, None)``
+    when stream i has ended. Closing this early closes them all (their requests are aborted)."""
+    if len(streams) == 1:
+        try:
+            async for delta in streams[0]:
+                yield 0, delta
+            yield 0, None
+        finally:
+            await streams[0].aclose()  # type: ignore[attr-defined]
+        return
+    queue: asyncio.Queue[tuple[int, OutputDelta | None, Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[OutputDelta]) -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait((index, delta, None))
+            queue.put_nowait((index, None, None))
+        except Exception as exc:
+            queue.put_nowait((index, None, exc))
+
+    pumps = [asyncio.ensure_future(pump(index, stream)) for index, stream in enumerate(streams)]
+    try:
+        for _ in range(len(streams)):
+            while True:
+                index, delta, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                yield index, delta
+                if delta is None:
+                    break
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _completion_events(
+    batch: list[Tracked], streams: list[AsyncIterator[OutputDelta]], model: str, include_usage: bool, logprobs: int | None
+) -> AsyncIterator[str]:
+    """A completion's SSE events: each prompt's text as it comes (its choice's `index`), then each
+    one's end with its finish reason; `logprobs` (the top count) adds the tokens' log-probabilities."""
+    base = {"id": batch[0].request.request_id, "object": "text_completion", "created": int(time.time()), "model": model}
+    offsets = [0] * len(batch)
+
+    def chunk(index: int, text: str, finish_reason: str | None, entries: list[dict[str, Any]] | None = None) -> str:
+        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if entries is not None:
+            choice["logprobs"] = _completion_logprobs(entries, offsets[index])
+            offsets[index] += sum(len(entry["token"]) for entry in entries)
+        return json.dumps({**base, "choices": [choice]})
+
+    try:
+        async for index, delta in _merged(streams):
+            if delta is None:
+                yield chunk(index, "", batch[index].result.finish_reason or "stop", [] if logprobs is not None else None)
+            elif delta.modality == "text" and (delta.data.get("text") or (logprobs is not None and delta.data.get("token_ids"))):
+                entries = _logprob_entries(delta.data.get("token_ids") or [], delta.data.get("logprobs") or [], logprobs) if logprobs is not None else None
+                yield chunk(index, delta.data.get("text") or "", None, entries)
+    except Exception as exc:  # the stream has started: report in-band, then end it
+        yield _error_event(exc)
+        yield "[DONE]"
+        return
+    if include_usage:
+        yield json.dumps({**base, "choices": [], "usage": msgspec.to_builtins(_batch_usage(batch))})
+    yield "[DONE]"
+
+
 class AudioController(Controller):
     path = "/v1/audio"
     tags = ["audio"]
@@ -230,7 +391,7 @@ class AudioController(Controller):
         omni_request = await _omni_request(server, speech_request, data, server.max_prompt_chars, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         if data.stream_format == "sse":
-            return ServerSentEvent(_speech_events(tracked, await tracked.open_stream()))
+            return _sse(_speech_events(tracked, await tracked.open_stream()))
         result = await tracked.run_while_connected(request.receive)
         if result.audio is None:
             raise APIError(500, "the pipeline produced no audio", type="server_error")
@@ -324,4 +485,4 @@ async def metrics(server: ServerState) -> Response[bytes]:
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-ROUTES = [ChatController, AudioController, ImagesController, VideosController, list_models, health, metrics]
+ROUTES = [ChatController, CompletionsController, AudioController, ImagesController, VideosController, list_models, health, metrics]

@@ -209,3 +209,13 @@ def test_usage_counts_the_prompt_the_answer_was_made_from(client: openai.OpenAI,
     # the ar prompt (User/Assistant template, <think>) is longer than the bare prompt; 5 tokens of
     # reasoning, then the ratio step's five
     assert thought.prompt_tokens > prompt_tokens and thought.completion_tokens == STEPS["ar"]["max_tokens"] + 5
+
+
+def test_completions_continue_the_prompt_as_t2t_does(client: openai.OpenAI) -> None:
+    """/v1/completions runs t2t (``<bos> prompt`` continued on the ar stage): the chat's text answer
+    for the same words; token ids are refused with a 400 (the family reads text prompts)."""
+    chat = _chat(client, ["text"]).choices[0].message.content
+    completion = client.completions.create(model=MODEL, prompt="A lighthouse at night", max_tokens=STEPS["ar"]["max_tokens"], extra_body={"stage_params": {"ar": STEPS["ar"]}})
+    assert completion.choices[0].text == chat and completion.usage.completion_tokens == STEPS["ar"]["max_tokens"]
+    with pytest.raises(openai.BadRequestError, match="text prompt"):
+        client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=2)
