@@ -62,7 +62,7 @@ def child(model: Path, shared: bool) -> dict[str, float]:
     with Omni(str(model), deploy=deploy, overrides=overrides) as engine:
         engine.generate(OmniRequest(prompt="warm-up", modalities=("text",), params={"ar": {"max_tokens": 2}}))
         load_s = time.perf_counter() - began
-        health = engine._run(engine._omni.engine.health())
+        health = engine.health()
         pids = sorted({h["pid"] for h in health})
         loaded = sum(_status_mib(pid, "VmRSS") for pid in pids)
         request = OmniRequest(

@@ -86,6 +86,8 @@ def omni(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Omni]:
     with Omni(model=MODEL, stage_configs_path=path) as engine:
         assert engine.pipeline.streaming and engine.pipeline.stage("code2wav").placement == "inline"
         assert engine.pipeline.stage("thinker").options["max_num_seqs"] == 8
+        health = {h["stage"]: h for h in engine.health()}  # (as the server's /health lists them)
+        assert set(health) == {"thinker", "talker", "code2wav"} and all(h["healthy"] for h in health.values())
         yield engine
 
 

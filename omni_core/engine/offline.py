@@ -135,6 +135,11 @@ class Omni:
     def pipeline(self) -> Any:
         return self._omni.engine.pipeline
 
+    def health(self) -> list[dict[str, Any]]:
+        """Each stage replica's state, as the server's ``/health`` lists them (stage, replica, pid,
+        device, healthy, active requests, ...)."""
+        return self._run(self._omni.engine.health())
+
     def _run(self, coro: Any) -> Any:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
