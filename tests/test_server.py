@@ -286,6 +286,12 @@ def _complete_ok(server: LiveServer, served: ServedModel) -> None:
 def test_models_health_and_no_key_needed(inline_server: LiveServer, served: ServedModel) -> None:
     models = _client(inline_server).models.list()
     assert [m.id for m in models.data] == [served.model]
+    # vLLM's fields: the checkpoint directory, the text stage's context (its max_model_len)
+    from omni_core.config import resolve
+
+    resolved = resolve(served.model, overrides=served.inline)
+    card = models.data[0].model_extra or {}
+    assert card["root"] == str(resolved.model_path) and card["max_model_len"] == resolved.stage(served.text_stage).options["max_model_len"]
     # Without --api-key, /v1 routes need no Authorization header.
     assert httpx.get(f"{inline_server.url}/v1/models").status_code == 200
     health = httpx.get(f"{inline_server.url}/health").json()

@@ -319,10 +319,15 @@ class ChatCompletion(msgspec.Struct):
 
 
 class ModelCard(msgspec.Struct):
+    """OpenAI's model object, with vLLM's `root` (the checkpoint it was loaded from) and
+    `max_model_len` (the first AR stage's context; null for a pipeline without one)."""
+
     id: str
     created: int
     owned_by: str = "omni"
     object: str = "model"
+    root: str | None = None
+    max_model_len: int | None = None
 
 
 class ModelList(msgspec.Struct):

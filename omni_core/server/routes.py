@@ -49,7 +49,15 @@ from omni_core.server.protocol import (
     VideoList,
     VideoRequest,
 )
-from omni_core.server.requests import chat_request, check_model, completion_requests, image_request, speech_request, video_request
+from omni_core.server.requests import (
+    chat_request,
+    check_model,
+    completion_requests,
+    first_ar_stage,
+    image_request,
+    speech_request,
+    video_request,
+)
 from omni_core.server.state import ServerState
 from omni_core.server.videos import VARIANT_MEDIA_TYPES, VideoVariant
 
@@ -466,7 +474,11 @@ class VideosController(Controller):
 
 @get("/v1/models", tags=["models"], responses={401: ERROR_RESPONSES[401]}, summary="The served model")
 async def list_models(server: ServerState) -> ModelList:
-    return ModelList(data=[ModelCard(id=server.model_name, created=server.created)])
+    pipeline = server.engine.pipeline
+    ar = first_ar_stage(pipeline)
+    length = pipeline.stage(ar).options.get("max_model_len") if ar is not None else None
+    card = ModelCard(id=server.model_name, created=server.created, root=str(pipeline.model_path) or None, max_model_len=int(length) if length else None)
+    return ModelList(data=[card])
 
 
 @get("/health", tags=["health"], summary="Liveness and readiness of every stage replica")
