@@ -232,3 +232,8 @@ def test_a_missing_field_is_named_as_openai_names_it(client: TestClient, route: 
     if route == "/v1/videos":  # the form says the same
         assert _error(client.post(route, files=[(k, (None, v)) for k, v in body.items()]), 400) == error
     assert error == {"message": f"Missing required parameter: {param!r}.", "type": "invalid_request_error", "param": param, "code": "missing_required_parameter"}
+
+
+def test_an_image_url_answer_is_refused_saying_why(client: TestClient) -> None:
+    error = _error(client.post("/v1/images/generations", json={"prompt": "a cat", "response_format": "url"}), 400)
+    assert error["param"] == "response_format" and "keeps no image files" in error["message"], error

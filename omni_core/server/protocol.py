@@ -61,24 +61,16 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
-    """``POST /v1/chat/completions``. `stage_params` (extension) carries parameters per named stage;
-    `sampling_params_list` (as in vLLM-Omni) one dict of vLLM sampling parameters per stage, in
-    stage order (`omni_core.engine.sampling_params_list`; `stage_params` wins per key);
-    `mm_processor_kwargs` (as in vLLM) options of the model family's multimodal input processing;
-    `task` (extension) names the pipeline task of a family that declares tasks (else the
-    modalities pick it).
-    Media parts take base64 ``data:`` URLs, and the ``file://`` / ``http(s)://`` URLs the operator
-    allowed (`omni_core.server.media_urls`, `omni_core.media_access`)."""
+class TextRequest(msgspec.Struct, kw_only=True):
+    """What chat completions and completions share: the served model, streaming, OpenAI's sampling
+    fields and vLLM's extra ones (the first AR stage's), `stage_params` (extension: parameters per
+    named stage), and fields Omni does not implement, read so that a request setting one is refused
+    (400) rather than answered as if it had not asked (`UNSUPPORTED_CHAT_FIELDS`,
+    `UNSUPPORTED_COMPLETION_FIELDS`)."""
 
     model: str | None = None  # unset: the served model (as vLLM takes it)
-    messages: list[ChatMessage]
-    modalities: list[Literal["text", "audio", "image", "video"]] | None = None
-    audio: AudioParams | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -89,15 +81,10 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
     user: str | None = None
     stage_params: dict[str, dict[str, Any]] | None = None
-    task: str | None = None
-    sampling_params_list: list[Any] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    # vLLM's extra sampling fields (its chat completions take them top-level too): the first AR stage's.
+    # vLLM's extra sampling fields (its chat completions and completions take them top-level).
     min_p: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
@@ -108,65 +95,54 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     structured_outputs: dict[str, Any] | None = None
-    # OpenAI's and vLLM's fields Omni does not implement: read so that a request setting one is
-    # refused (400) rather than answered as if it had not asked (`UNSUPPORTED_CHAT_FIELDS`).
+    # not implemented (refused unless they ask for nothing)
+    use_beam_search: bool | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    prompt_logprobs: int | None = None
+
+
+class ChatCompletionRequest(TextRequest, kw_only=True):
+    """``POST /v1/chat/completions``. `sampling_params_list` (as in vLLM-Omni) one dict of vLLM
+    sampling parameters per stage, in stage order (`omni_core.engine.sampling_params_list`;
+    `stage_params` wins per key); `mm_processor_kwargs` (as in vLLM) options of the model family's
+    multimodal input processing; `task` (extension) names the pipeline task of a family that declares
+    tasks (else the modalities pick it).
+    Media parts take base64 ``data:`` URLs, and the ``file://`` / ``http(s)://`` URLs the operator
+    allowed (`omni_core.server.media_urls`, `omni_core.media_access`)."""
+
+    messages: list[ChatMessage]
+    modalities: list[Literal["text", "audio", "image", "video"]] | None = None
+    audio: AudioParams | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    task: str | None = None
+    sampling_params_list: list[Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    # not implemented (refused unless they ask for nothing)
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    use_beam_search: bool | None = None
-    best_of: int | None = None
-    echo: bool | None = None
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    prompt_logprobs: int | None = None
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
+class CompletionRequest(TextRequest, kw_only=True):
     """``POST /v1/completions`` (OpenAI's legacy completions, as vLLM serves them): raw text continued
     by the pipeline's text stage, no chat template. `prompt` is a string, a list of token ids, or a
     list of either (a batch: one choice per prompt). `logprobs` (0-20) asks for the sampled token's
-    and that many top tokens' log-probabilities. The sampling fields are chat completions' (vLLM's
-    extra ones included); `stage_params` as there."""
+    and that many top tokens' log-probabilities."""
 
-    model: str | None = None  # unset: the served model (as vLLM takes it)
     prompt: Any  # str | list[int] | list[str] | list[list[int]] (checked in `completion_requests`)
     max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: Union[str, list[str], None] = None
-    n: int = 1
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: int | None = None
-    user: str | None = None
-    stage_params: dict[str, dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
-    structured_outputs: dict[str, Any] | None = None
-    # OpenAI's and vLLM's fields Omni does not implement: refused unless they ask for nothing
-    # (`UNSUPPORTED_COMPLETION_FIELDS`).
-    echo: bool | None = None
+    # not implemented (refused unless they ask for nothing)
     suffix: str | None = None
-    best_of: int | None = None
-    use_beam_search: bool | None = None
-    prompt_logprobs: int | None = None
     prompt_embeds: Any = None
 
 
@@ -216,7 +192,7 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
     prompt: str
     n: int = 1
     size: str | None = None
-    response_format: Literal["b64_json"] = "b64_json"
+    response_format: Literal["b64_json", "url"] = "b64_json"  # (``url``: a 400, the server keeps no files)
     output_format: Literal["png", "jpeg", "webp"] = "png"
     output_compression: int | None = None
     background: Literal["auto", "opaque", "transparent"] | None = None

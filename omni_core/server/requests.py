@@ -14,6 +14,7 @@ from omni_core.server.protocol import (
     CompletionRequest,
     ImageGenerationRequest,
     SpeechRequest,
+    TextRequest,
     VideoRequest,
 )
 from omni_core.engine.sampling_params_list import stage_params_from_list
@@ -33,33 +34,28 @@ SAMPLING_FIELDS = (
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (and vLLM's default max_logprobs)
 
-# OpenAI chat fields Omni does not implement, each with what a request may still send (the values
-# that ask for nothing): any other value is a 400 naming the field, never silently dropped.
+# OpenAI's and vLLM's fields of chat completions and completions that Omni does not implement, each
+# with what a request may still send (the values that ask for nothing): any other value is a 400
+# naming the field, never silently dropped.
+_UNSUPPORTED_TEXT_FIELDS: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "prompt_logprobs": (None,),
+}
 UNSUPPORTED_CHAT_FIELDS: dict[str, tuple[Any, ...]] = {
+    **_UNSUPPORTED_TEXT_FIELDS,
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     # vLLM's
-    "use_beam_search": (None, False),
-    "best_of": (None, 1),
-    "echo": (None, False),
     "continue_final_message": (None, False),
     "add_generation_prompt": (None, True),
     "chat_template": (None,),
     "chat_template_kwargs": (None, {}),
-    "prompt_logprobs": (None,),
 }
-
-# The same for completions.
-UNSUPPORTED_COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "best_of": (None, 1),
-    "use_beam_search": (None, False),
-    "prompt_logprobs": (None,),
-    "prompt_embeds": (None,),
-}
+UNSUPPORTED_COMPLETION_FIELDS: dict[str, tuple[Any, ...]] = {**_UNSUPPORTED_TEXT_FIELDS, "suffix": (None, ""), "prompt_embeds": (None,)}
 
 # A prompt's text is refused before it is tokenized when it is longer than this many characters per
 # token of the first AR stage's context: no tokenizer packs that much text into one token, so such a
@@ -226,7 +222,7 @@ def chat_request(body: ChatCompletionRequest, pipeline: ResolvedPipeline, media:
     )
 
 
-def _sampling(body: ChatCompletionRequest | CompletionRequest, top: int | None, top_param: str, max_tokens: int | None) -> dict[str, Any]:
+def _sampling(body: TextRequest, top: int | None, top_param: str, max_tokens: int | None) -> dict[str, Any]:
     """The first AR stage's parameters from a chat or completion body's sampling fields: `top` the
     count of top log-probabilities asked for (None: none; named `top_param` in the body)."""
     sampling = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}
@@ -330,6 +326,8 @@ def image_request(
     check_prompt_size(len(body.prompt), max_chars, "prompt")
     if not 1 <= body.n <= 8:
         raise APIError(400, "n must be between 1 and 8", param="n")
+    if body.response_format == "url":
+        raise APIError(400, "response_format 'url' is not supported: the server keeps no image files; ask for 'b64_json'", param="response_format")
     if body.output_compression is not None and not 0 <= body.output_compression <= 100:
         raise APIError(400, f"output_compression must be between 0 and 100, got {body.output_compression}", param="output_compression")
     if body.background == "transparent":
