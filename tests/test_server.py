@@ -493,6 +493,7 @@ def test_completions_continue_the_prompt_as_it_is(inline_server: LiveServer, ser
         mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
         assert "".join(c.text for c in mine) == expected and [c.finish_reason for c in mine][-1] == "length"
     assert chunks[-1].usage == batch.usage and not chunks[-1].choices
+    assert batch.id.startswith("cmpl-") and batch.id.count("-") == 1 and len({c.id for c in chunks}) == 1  # one id a completion
 
 
 def test_streams_end_each_event_as_vllm_does(inline_server: LiveServer, served: ServedModel) -> None:

@@ -274,7 +274,7 @@ class CompletionsController(Controller):
             )
             for index, result in enumerate(results)
         ]
-        body = Completion(id=batch[0].request.request_id, created=int(time.time()), model=server.model_name, choices=choices, usage=_batch_usage(batch))
+        body = Completion(id=_completion_id(batch), created=int(time.time()), model=server.model_name, choices=choices, usage=_batch_usage(batch))
         return Response(msgspec.json.encode(body), media_type="application/json")
 
 
@@ -296,6 +296,11 @@ async def _close_all(batch: list[Tracked], streams: list[AsyncIterator[OutputDel
         await stream.aclose()  # type: ignore[attr-defined]
     for tracked in batch:
         await tracked.stream.aclose()  # type: ignore[attr-defined]
+
+
+def _completion_id(batch: list[Tracked]) -> str:
+    """The completion's id: its requests' (``cmpl-X``; a batch's are ``cmpl-X-0``, ``cmpl-X-1``, ...)."""
+    return batch[0].request.request_id.removesuffix("-0")
 
 
 def _batch_usage(batch: list[Tracked]) -> Usage:
@@ -363,7 +368,7 @@ async def _completion_events(
 ) -> AsyncIterator[str]:
     """A completion's SSE events: each prompt's text as it comes (its choice's `index`), then each
     one's end with its finish reason; `logprobs` (the top count) adds the tokens' log-probabilities."""
-    base = {"id": batch[0].request.request_id, "object": "text_completion", "created": int(time.time()), "model": model}
+    base = {"id": _completion_id(batch), "object": "text_completion", "created": int(time.time()), "model": model}
     offsets = [0] * len(batch)
 
     def chunk(index: int, text: str, finish_reason: str | None, entries: list[dict[str, Any]] | None = None) -> str:
