@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest, new_request_id
+from omni_core.engine.vllm_inputs import request_from_vllm_prompt
 from omni_core.media_access import MediaAccess
 from omni_core.server.errors import APIError
 from omni_core.server.media_urls import chat_messages, data_url
@@ -100,12 +101,18 @@ def drawing_params(
     return {target: values}
 
 
+def max_model_len(pipeline: ResolvedPipeline) -> int | None:
+    """The first AR stage's context (its ``max_model_len`` option), or None."""
+    name = first_ar_stage(pipeline)
+    length = pipeline.stage(name).options.get("max_model_len") if name is not None else None
+    return int(length) if length else None
+
+
 def max_prompt_chars(pipeline: ResolvedPipeline) -> int:
     """The longest prompt text (characters) this pipeline's requests may carry: the first AR
     stage's ``max_model_len`` x `PROMPT_CHARS_PER_TOKEN`, else `DEFAULT_MAX_PROMPT_CHARS`."""
-    name = first_ar_stage(pipeline)
-    length = pipeline.stage(name).options.get("max_model_len") if name is not None else None
-    return int(length) * PROMPT_CHARS_PER_TOKEN if length else DEFAULT_MAX_PROMPT_CHARS
+    length = max_model_len(pipeline)
+    return length * PROMPT_CHARS_PER_TOKEN if length else DEFAULT_MAX_PROMPT_CHARS
 
 
 def check_prompt_size(chars: int, limit: int | None, param: str) -> None:
@@ -248,8 +255,6 @@ def _sampling(body: TextRequest, top: int | None, top_param: str, max_tokens: in
 def completion_requests(body: CompletionRequest, pipeline: ResolvedPipeline, max_chars: int | None = None) -> list[OmniRequest]:
     """The requests a completion body makes, one per prompt of its batch: each prompt as vLLM takes
     one (`request_from_vllm_prompt`: text tokenized as it is, or token ids), text out."""
-    from omni_core.engine.vllm_inputs import request_from_vllm_prompt
-
     check_produces(pipeline, "text", "/v1/completions")
     if body.n != 1:
         raise APIError(400, "only n=1 is supported", param="n")

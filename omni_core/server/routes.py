@@ -53,8 +53,8 @@ from omni_core.server.requests import (
     chat_request,
     check_model,
     completion_requests,
-    first_ar_stage,
     image_request,
+    max_model_len,
     speech_request,
     video_request,
 )
@@ -327,14 +327,6 @@ def _completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict
 async def _merged(streams: list[AsyncIterator[OutputDelta]]) -> AsyncIterator[tuple[int, OutputDelta | None]]:
     """The deltas of several streams as they come, each tagged with its stream's index; ``(i, None)``
     when stream i has ended. Closing this early closes them all (their requests are aborted)."""
-    if len(streams) == 1:
-        try:
-            async for delta in streams[0]:
-                yield 0, delta
-            yield 0, None
-        finally:
-            await streams[0].aclose()  # type: ignore[attr-defined]
-        return
     queue: asyncio.Queue[tuple[int, OutputDelta | None, Exception | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[OutputDelta]) -> None:
@@ -480,9 +472,7 @@ class VideosController(Controller):
 @get("/v1/models", tags=["models"], responses={401: ERROR_RESPONSES[401]}, summary="The served model")
 async def list_models(server: ServerState) -> ModelList:
     pipeline = server.engine.pipeline
-    ar = first_ar_stage(pipeline)
-    length = pipeline.stage(ar).options.get("max_model_len") if ar is not None else None
-    card = ModelCard(id=server.model_name, created=server.created, root=str(pipeline.model_path) or None, max_model_len=int(length) if length else None)
+    card = ModelCard(id=server.model_name, created=server.created, root=str(pipeline.model_path) or None, max_model_len=max_model_len(pipeline))
     return ModelList(data=[card])
 
 
