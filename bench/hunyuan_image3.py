@@ -315,6 +315,19 @@ class Omni:
             return ""
         return "one grouped GEMM a projection" if how == "grouped" else "per-expert GEMMs"
 
+    def row_gather(self, how: str) -> str:
+        """The experts' input rows taken `how` (`LayerKernels.rows`): "index" (`gather_rows`, an
+        ``index_select`` in expert order) or "scatter" (`scatter_rows` compiled: each token read once,
+        written to its k places); returns how, in words ("" for "index", as served)."""
+        import attrs
+        import torch
+        from omni_hunyuan.layers import gather_rows, scatter_rows
+
+        transformer = self.runtime.model.transformer
+        rows = gather_rows if how == "index" else torch.compile(scatter_rows, dynamic=None)
+        transformer.kernels = attrs.evolve(transformer.kernels, rows=rows)
+        return "" if how == "index" else "rows scattered (compiled scatter_rows)"
+
     def close(self) -> None:
         self.runtime.close()
 
@@ -373,6 +386,9 @@ def main() -> None:
     parser.add_argument("--expert-gemms", default="per_expert",
                         help="comma-separated `LayerKernels.expert_gemms` values: Omni is timed with each, on the same "
                              "loaded stage (at concurrency 1 with the first only)")
+    parser.add_argument("--row-gathers", default="index",
+                        help="comma-separated ways to take the experts' input rows (`Omni.row_gather`), each timed "
+                             "after each --expert-gemms value (at concurrency 1 with the first pair only)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
@@ -444,8 +460,9 @@ def main() -> None:
     omni = Omni(model, args.device, args.dtype, args.requests, args.compile)
     print(f"omni loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
     system = omni.system
-    for number, gemms in enumerate(args.expert_gemms.split(",")):
-        omni.system = ", ".join(part for part in (system, omni.expert_gemms(gemms)) if part)
+    variants = [(gemms, gather) for gemms in args.expert_gemms.split(",") for gather in args.row_gathers.split(",")]
+    for number, (gemms, gather) in enumerate(variants):
+        omni.system = ", ".join(part for part in (system, omni.expert_gemms(gemms), omni.row_gather(gather)) if part)
         for concurrency in (args.requests,) if args.skip_c1 or number else (1, args.requests):
             stamp = time.perf_counter()
             omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)

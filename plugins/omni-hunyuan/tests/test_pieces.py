@@ -117,10 +117,11 @@ def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: P
 
 def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
     """`MoE.group_experts` (the CUDA bf16 path: one grouped GEMM per projection, or one matmul per
-    expert) routes and weighs every token as the per-expert loop does, including experts no token picked."""
+    expert; the rows gathered or scattered) routes and weighs every token as the per-expert loop does,
+    including experts no token picked."""
     import copy
 
-    from omni_hunyuan.layers import LayerKernels
+    from omni_hunyuan.layers import LayerKernels, scatter_rows
     from omni_hunyuan.weights import load_transformer
 
     moe = load_transformer(checkpoint).model.layers[0].mlp
@@ -136,6 +137,10 @@ def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
         per_expert = LayerKernels(expert_gemms="per_expert")  # one matmul per expert: the same products
         torch.testing.assert_close(grouped(tokens[:1, :1], per_expert), one, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grouped(tokens, per_expert), moe(tokens), atol=1e-5, rtol=1e-5)
+        # The experts' input rows scattered in token order (`scatter_rows`, compiled) instead of gathered.
+        scattered = LayerKernels(rows=torch.compile(scatter_rows, dynamic=None), expert_gemms="per_expert")
+        torch.testing.assert_close(grouped(tokens[:1, :1], scattered), one, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grouped(tokens, scattered), moe(tokens), atol=1e-5, rtol=1e-5)
     assert picked.unique().numel() > 1
 
 
