@@ -299,9 +299,9 @@ def main() -> None:
         scatter_ms = timed(lambda: scatter(tokens, rows, inverse, args.topk), args.repeats, device)
         moved = rows.shape[0] * args.hidden * tokens.element_size() / 1e9  # GB written (and read once at best)
         lines.append(f"| {count} | {rows.shape[0]} | rows: index_select (gather_rows) | {index_ms:.3f} | | {index_ms / index_ms:.3f} | "
-                     f"{moved / index_ms:.0f} GB/s written |")
+                     f"{moved / index_ms * 1e3:.0f} GB/s written |")
         lines.append(f"| {count} | {rows.shape[0]} | rows: compiled scatter_rows | {scatter_ms:.3f} | | {index_ms / scatter_ms:.3f} | "
-                     f"{moved / scatter_ms:.0f} GB/s written |")
+                     f"{moved / scatter_ms * 1e3:.0f} GB/s written |")
         print("\n".join(lines[-2:]), flush=True)
         if args.gathers_only:
             continue

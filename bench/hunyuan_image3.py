@@ -19,8 +19,9 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
    the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8);
    ``--expert-gemms grouped,per_expert`` times it once per way of multiplying the experts
-   (`LayerKernels.expert_gemms`), on the same loaded stage (the others than the first at concurrency N
-   only).
+   (`LayerKernels.expert_gemms`), and ``--row-gathers scatter,index`` once per way of taking their
+   input rows (`LayerKernels.rows`), on the same loaded stage (the others than the first at
+   concurrency N only).
 
 When device time is short, ``--skip-eager-reference`` (with ``--compile``) times the reference compiled
 only (the PSNR is then against its images) and ``--skip-c1`` times Omni at concurrency N only.
@@ -316,9 +317,9 @@ class Omni:
         return "one grouped GEMM a projection" if how == "grouped" else "per-expert GEMMs"
 
     def row_gather(self, how: str) -> str:
-        """The experts' input rows taken `how` (`LayerKernels.rows`): "index" (`gather_rows`, an
-        ``index_select`` in expert order) or "scatter" (`scatter_rows` compiled: each token read once,
-        written to its k places); returns how, in words ("" for "index", as served)."""
+        """The experts' input rows taken `how` (`LayerKernels.rows`): "scatter" (`scatter_rows` compiled:
+        each token read once, written to its k places; as served) or "index" (`gather_rows`, an
+        ``index_select`` in expert order); returns how, in words ("" for "scatter")."""
         import attrs
         import torch
         from omni_hunyuan.layers import gather_rows, scatter_rows
@@ -326,7 +327,7 @@ class Omni:
         transformer = self.runtime.model.transformer
         rows = gather_rows if how == "index" else torch.compile(scatter_rows, dynamic=None)
         transformer.kernels = attrs.evolve(transformer.kernels, rows=rows)
-        return "" if how == "index" else "rows scattered (compiled scatter_rows)"
+        return "rows by index_select" if how == "index" else ""
 
     def close(self) -> None:
         self.runtime.close()
@@ -386,7 +387,7 @@ def main() -> None:
     parser.add_argument("--expert-gemms", default="per_expert",
                         help="comma-separated `LayerKernels.expert_gemms` values: Omni is timed with each, on the same "
                              "loaded stage (at concurrency 1 with the first only)")
-    parser.add_argument("--row-gathers", default="index",
+    parser.add_argument("--row-gathers", default="scatter",
                         help="comma-separated ways to take the experts' input rows (`Omni.row_gather`), each timed "
                              "after each --expert-gemms value (at concurrency 1 with the first pair only)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))

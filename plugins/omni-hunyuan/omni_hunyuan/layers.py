@@ -395,7 +395,9 @@ def gather_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor,
 def scatter_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int) -> torch.Tensor:
     """`gather_rows` written for `torch.compile`: the pairs in token order, each token's row read once
     and written to its k places (``out[inverse] = tokens repeated k times``, one scatter kernel). A
-    gather in expert order reads each token k times, far apart, from memory: ~2x the bytes."""
+    gather in expert order reads each token k times, far apart, from memory: ~2x the bytes. On an
+    H100 at concurrency 4 (262k rows of 4096): 0.92 ms a layer against 1.49, 0.9% more images/s
+    (bench/results/hunyuan-fused-moe-h100.md, hunyuan-image3-h100-8layers-50steps-scatter.md)."""
     count, hidden = tokens.shape
     out = tokens.new_empty(count * topk, hidden)
     return out.index_put_((inverse,), tokens[:, None, :].expand(count, topk, hidden).reshape(count * topk, hidden))
@@ -455,7 +457,8 @@ class LayerKernels:
 
     Compiling fuses what surrounds the matrix products into few passes: the norms, RoPE and QK norm
     (fp32 elementwise work), the residual adds, the router's softmax and top-k, SwiGLU's
-    ``up * silu(gate)``, and the MoE's gather-weigh-sum of each token's k expert outputs. Attention
+    ``up * silu(gate)``, the experts' input rows written in token order (`scatter_rows`), and the
+    MoE's gather-weigh-sum of each token's k expert outputs. Attention
     and the grouped expert GEMMs stay eager (their routing has data-dependent sizes). The pieces take
     the layer as an argument, so one compiled graph serves every layer.
     """
@@ -482,7 +485,7 @@ class LayerKernels:
             torch.compile(layer_route, dynamic=None),
             torch.compile(swiglu, dynamic=None),
             torch.compile(layer_combine_fused, dynamic=None),
-            gather_rows,
+            torch.compile(scatter_rows, dynamic=None),
             torch.compile(rows_fp8, dynamic=None),
             # (autotuned: inductor's default reduction over a row of 3,072 took 2.8 ms for 262k rows, tuned 1.9)
             torch.compile(swiglu_fp8, dynamic=None, mode="max-autotune-no-cudagraphs"),
