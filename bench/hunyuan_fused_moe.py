@@ -1,10 +1,11 @@
 """Fused MoE expert GEMMs in Triton against what HunyuanImage-3.0's ``dit`` runs (not a test; an experiment).
 
     TRITON_INTERPRET=1 python bench/hunyuan_fused_moe.py --device cpu --dtype float32 --hidden 64 --intermediate 32 --experts 8 --tokens 50
+                       # a CPU smoke test in Triton's interpreter (pip install triton: scripts/install.sh removes it)
     OMNI_BENCH=hunyuan_fused_moe bash bench/gpu/run.sh gpu                      # a CUDA machine
 
 `MoE.grouped_experts` (omni_hunyuan/layers.py) runs a routed layer's experts as: the experts' input
-rows in expert order (`LayerKernels.rows`: ``index_select``, or the compiled `scatter_rows`), one
+rows in expert order (`LayerKernels.rows`: the compiled `scatter_rows`, or ``index_select``), one
 cuBLAS matmul per expert for the ``[up; gate]`` projection, the compiled SwiGLU, one cuBLAS matmul
 per expert for the down projection. This file holds the fusion that would remove the two
 memory-bound passes around the first GEMM: `gathered_swiglu`, one Triton kernel that loads each
@@ -22,7 +23,8 @@ the output's bf16 spacing). Written to ``$OUT/hunyuan-fused-moe-<preset>.md``.
 Measured on an H100 (bench/results/hunyuan-fused-moe-h100.md): the best configuration of the first
 projection ran at 0.958x the unfused path at concurrency 4 (587 TFLOP/s against cuBLAS's 695 for the
 GEMM alone), the down projection at 0.886x cuBLAS: Triton's GEMM here is ~15% short of cuBLAS, more
-than the two passes it saves. Not used by the plugin.
+than the two passes it saves. Not used by the plugin. The row gathers: `scatter_rows` 1.63x
+``index_select`` at concurrency 4 (the plugin's compiled pieces use it).
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import torch
 
 from omni_hunyuan.layers import gather_rows, per_expert_mm, scatter_rows, swiglu
+
 
 @attrs.frozen
 class Tiles:
@@ -67,7 +70,7 @@ def tile_map(ends: torch.Tensor, rows: int, block_m: int) -> Tiles:
 
 @attrs.frozen
 class Blocks:
-    """One launch configuration of `gathered_swiglu`."""
+    """One launch configuration of `gathered_swiglu` and `expert_mm`."""
 
     block_m: int = 128
     block_n: int = 128  # columns of up (and as many of gate) a program computes
