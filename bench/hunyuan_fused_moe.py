@@ -293,6 +293,27 @@ def main() -> None:
         "| tokens | pairs | what | ms | TFLOP/s | x unfused | max diff (bf16 ulps) |",
         "|---:|---:|---|---:|---:|---:|---:|",
     ]
+    def each_config(
+        name: str, run: Callable[[Blocks], torch.Tensor], want: torch.Tensor, flops: float, base: float, count: int
+    ) -> list[str]:
+        """A table row for `run` in each configuration: ms, TFLOP/s, x `base` (ms), the largest
+        difference to `want` in bf16 spacings."""
+        ulp = want.float().abs().clamp_min(1e-30).log2().floor().exp2() * 2.0**-7
+        found = []
+        for blocks in configs:
+            label = f"| {count} | {want.shape[0]} | {name} {blocks.block_m}x{blocks.block_n}x{blocks.block_k} g{blocks.group_m} " + (
+                f"w{blocks.num_warps} s{blocks.num_stages}{' tma' if blocks.tma else ''}"
+            )
+            try:
+                diff = ((run(blocks).float() - want.float()).abs() / ulp).max().item()
+                ms = timed(lambda blocks=blocks: run(blocks), args.repeats, device)
+            except Exception as error:  # a configuration that does not compile or fit: reported, the rest go on
+                found.append(f"{label} | failed: {type(error).__name__}: {str(error)[:80]} | | | |")
+            else:
+                found.append(f"{label} | {ms:.3f} | {flops / ms / 1e9:.0f} | {base / ms:.3f} | {diff:.1f} |")
+            print(found[-1], flush=True)
+        return found
+
     for count in args.tokens:
         tokens = torch.randn(count, args.hidden, device=device).to(dtype)
         rows, inverse, ends, counts = routing(count, args.experts, args.topk, device)
@@ -324,20 +345,7 @@ def main() -> None:
         for name, ms in parts.items():
             tflops = flops / ms / 1e9 if "cuBLAS" in name or name.startswith("unfused") else float("nan")
             lines.append(f"| {count} | {rows.shape[0]} | {name} | {ms:.3f} | {tflops:.0f} | {base / ms:.3f} | |")
-        ulp = reference.float().abs().clamp_min(1e-30).log2().floor().exp2() * 2.0**-7
-        for blocks in configs:
-            try:
-                got = gathered_swiglu(tokens, rows, weights, ends, blocks)
-                diff = ((got.float() - reference.float()).abs() / ulp).max().item()
-                ms = timed(lambda blocks=blocks: gathered_swiglu(tokens, rows, weights, ends, blocks), args.repeats, device)
-            except Exception as error:  # a configuration that does not compile or fit: reported, the rest go on
-                lines.append(f"| {count} | {rows.shape[0]} | {blocks} | failed: {type(error).__name__}: {str(error)[:80]} | | | |")
-                continue
-            lines.append(
-                f"| {count} | {rows.shape[0]} | fused {blocks.block_m}x{blocks.block_n}x{blocks.block_k} g{blocks.group_m} "
-                f"w{blocks.num_warps} s{blocks.num_stages}{' tma' if blocks.tma else ''} | {ms:.3f} | {flops / ms / 1e9:.0f} | {base / ms:.3f} | {diff:.1f} |"
-            )
-            print(lines[-1], flush=True)
+        lines += each_config("fused", lambda b: gathered_swiglu(tokens, rows, weights, ends, b), reference, flops, base, count)
         # The second projection ([N, I] in expert order times [E, H, I]): cuBLAS per expert, torch's grouped kernel, ours.
         down = (torch.randn(args.experts, args.hidden, args.intermediate, device=device) / args.intermediate**0.5).to(dtype)
         flops = 2.0 * rows.shape[0] * args.hidden * args.intermediate
@@ -347,19 +355,7 @@ def main() -> None:
         if device.type == "cuda":
             ms = timed(lambda: torch._grouped_mm(reference, down.transpose(1, 2), offs=ends), args.repeats, device)
             lines.append(f"| {count} | {rows.shape[0]} | down: torch._grouped_mm | {ms:.3f} | {flops / ms / 1e9:.0f} | {base / ms:.3f} | |")
-        ulp = want.float().abs().clamp_min(1e-30).log2().floor().exp2() * 2.0**-7
-        for blocks in configs:
-            try:
-                diff = ((expert_mm(reference, down, ends, blocks).float() - want.float()).abs() / ulp).max().item()
-                ms = timed(lambda blocks=blocks: expert_mm(reference, down, ends, blocks), args.repeats, device)
-            except Exception as error:
-                lines.append(f"| {count} | {rows.shape[0]} | down {blocks} | failed: {type(error).__name__}: {str(error)[:80]} | | | |")
-                continue
-            lines.append(
-                f"| {count} | {rows.shape[0]} | down: expert_mm {blocks.block_m}x{blocks.block_n}x{blocks.block_k} g{blocks.group_m} "
-                f"w{blocks.num_warps} s{blocks.num_stages}{' tma' if blocks.tma else ''} | {ms:.3f} | {flops / ms / 1e9:.0f} | {base / ms:.3f} | {diff:.1f} |"
-            )
-            print(lines[-1], flush=True)
+        lines += each_config("down: expert_mm", lambda b: expert_mm(reference, down, ends, b), want, flops, base, count)
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(os.environ.get("OUT", "."))
