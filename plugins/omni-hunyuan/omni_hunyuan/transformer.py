@@ -25,10 +25,8 @@ from omni_hunyuan.layers import (
     ImageRowsMask,
     LayerKernels,
     RMSNorm,
-    TimestepEmbedder,
-    UNetDown,
-    UNetUp,
 )
+from omni_hunyuan.patches import TimestepEmbedder, UNetDown, UNetUp
 from omni_hunyuan.rope import image_positions, rope_tables, text_positions
 
 KV = tuple[torch.Tensor, torch.Tensor]

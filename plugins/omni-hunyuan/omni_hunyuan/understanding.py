@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from omni_hunyuan.config import HunyuanConfig
-from omni_hunyuan.layers import TimestepEmbedder, UNetDown
+from omni_hunyuan.patches import TimestepEmbedder, UNetDown
 from omni_hunyuan.resolution import drawable, ratio_sizes
 from omni_hunyuan.rope import image_positions
 from omni_hunyuan.tokens import SpecialTokens
