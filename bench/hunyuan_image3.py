@@ -317,16 +317,18 @@ class Omni:
         return "one grouped GEMM a projection" if how == "grouped" else "per-expert GEMMs"
 
     def row_gather(self, how: str) -> str:
-        """The experts' input rows taken `how` (`LayerKernels.rows`): "scatter" (`scatter_rows` compiled:
-        each token read once, written to its k places; as served) or "index" (`gather_rows`, an
-        ``index_select`` in expert order); returns how, in words ("" for "scatter")."""
+        """The experts' input rows taken `how` (`LayerKernels.rows`, `rows_fp8`): "scatter" (the stage's
+        own kernels: compiled, each token read once and written to its k places; as served) or "index"
+        (`gather_rows`, `gather_rows_fp8`: an ``index_select`` in expert order); returns how, in words
+        ("" for "scatter")."""
         import attrs
-        import torch
-        from omni_hunyuan.layers import gather_rows, scatter_rows
+        from omni_hunyuan.layers import gather_rows, gather_rows_fp8
 
         transformer = self.runtime.model.transformer
-        rows = gather_rows if how == "index" else torch.compile(scatter_rows, dynamic=None)
-        transformer.kernels = attrs.evolve(transformer.kernels, rows=rows)
+        if not hasattr(self, "served_rows"):
+            self.served_rows = {"rows": transformer.kernels.rows, "rows_fp8": transformer.kernels.rows_fp8}
+        rows = {"rows": gather_rows, "rows_fp8": gather_rows_fp8} if how == "index" else self.served_rows
+        transformer.kernels = attrs.evolve(transformer.kernels, **rows)
         return "rows by index_select" if how == "index" else ""
 
     def close(self) -> None:

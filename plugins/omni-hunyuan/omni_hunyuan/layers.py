@@ -321,9 +321,8 @@ class MoE(nn.Module):
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         if self.quantized == "fp8":
-            # Each token is scaled once, then its FP8 row gathered k times (half a bf16 gather's bytes).
-            x, x_scale = kernels.rows_fp8(tokens)
-            x, x_scale = x.index_select(0, rows), x_scale.index_select(0, rows)
+            # Each token is scaled once, then its FP8 row taken k times (half a bf16 gather's bytes).
+            x, x_scale = kernels.rows_fp8(tokens, rows, inverse, self.topk)
             hidden = fp8_grouped_mm(x, x_scale, self.grouped_up, self.grouped_up_scale, ends, tokens.dtype)
             out = fp8_grouped_mm(*kernels.act_fp8(hidden), self.grouped_down, self.grouped_down_scale, ends, tokens.dtype)
             return out, inverse
@@ -397,10 +396,26 @@ def scatter_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor
     and written to its k places (``out[inverse] = tokens repeated k times``, one scatter kernel). A
     gather in expert order reads each token k times, far apart, from memory: ~2x the bytes. On an
     H100 at concurrency 4 (262k rows of 4096): 0.92 ms a layer against 1.49, 0.9% more images/s
-    (bench/results/hunyuan-fused-moe-h100.md, hunyuan-image3-h100-8layers-50steps-scatter.md)."""
-    count, hidden = tokens.shape
-    out = tokens.new_empty(count * topk, hidden)
-    return out.index_put_((inverse,), tokens[:, None, :].expand(count, topk, hidden).reshape(count * topk, hidden))
+    (bench/results/hunyuan-fused-moe-h100.md, hunyuan-image3-h100-8layers-50steps-scatter.md).
+    (``rows`` is unused: the signature is `gather_rows`', so `LayerKernels.rows` takes either.)"""
+    count = tokens.shape[0]
+    out = tokens.new_empty(count * topk, *tokens.shape[1:])
+    repeated = tokens.unsqueeze(1).expand(count, topk, *tokens.shape[1:]).reshape(count * topk, *tokens.shape[1:])
+    return out.index_put_((inverse,), repeated)
+
+
+def gather_rows_fp8(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gather_rows` for FP8 experts: each token scaled to FP8 once (`rows_fp8`), then its FP8 row and
+    scale gathered in expert order."""
+    x, scale = rows_fp8(tokens)
+    return x.index_select(0, rows), scale.index_select(0, rows)
+
+
+def scatter_rows_fp8(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gather_rows_fp8` written for `torch.compile` (`scatter_rows`' order): one pass that reads each
+    bf16 token once, scales it and writes its FP8 row and scale to the token's k places."""
+    x, scale = rows_fp8(tokens)
+    return scatter_rows(x, rows, inverse, topk), scatter_rows(scale, rows, inverse, topk)
 
 
 def weigh_slots(out: torch.Tensor, inverse: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -468,7 +483,7 @@ class LayerKernels:
     act: Callable[[torch.Tensor], torch.Tensor] = swiglu
     combine: Callable[..., torch.Tensor] = layer_combine
     rows: Callable[..., torch.Tensor] = gather_rows  # the experts' input rows in expert order (bf16 experts)
-    rows_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = rows_fp8  # FP8 experts (`MoE.quantize_experts`)
+    rows_fp8: Callable[..., tuple[torch.Tensor, torch.Tensor]] = gather_rows_fp8  # FP8 experts (`MoE.quantize_experts`)
     act_fp8: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = swiglu_fp8
     # How grouped bf16 experts multiply (`MoE.grouped_experts`): "grouped", one `torch._grouped_mm` a
     # projection (no host sync), or "per_expert", one dense matmul an expert on its slice of rows (the
@@ -486,7 +501,7 @@ class LayerKernels:
             torch.compile(swiglu, dynamic=None),
             torch.compile(layer_combine_fused, dynamic=None),
             torch.compile(scatter_rows, dynamic=None),
-            torch.compile(rows_fp8, dynamic=None),
+            torch.compile(scatter_rows_fp8, dynamic=None),
             # (autotuned: inductor's default reduction over a row of 3,072 took 2.8 ms for 262k rows, tuned 1.9)
             torch.compile(swiglu_fp8, dynamic=None, mode="max-autotune-no-cudagraphs"),
             expert_gemms,

@@ -268,6 +268,30 @@ def test_quantized_grouped_experts_stay_close_to_the_unquantized_ones(checkpoint
         quantized.quantize_experts("fp8")
 
 
+def test_rows_scattered_in_token_order_equal_the_gathered_ones() -> None:
+    """The compiled experts' input rows (`scatter_rows`, `scatter_rows_fp8`: each token read once,
+    written to its k places) are the expert-ordered gathers' (`gather_rows`, `gather_rows_fp8`) bit for
+    bit, FP8 rows and their scales included."""
+    from omni_hunyuan.layers import gather_rows, gather_rows_fp8, scatter_rows, scatter_rows_fp8
+
+    generator = torch.Generator().manual_seed(0)
+    count, hidden, topk, experts = 37, 64, 3, 8
+    tokens = torch.randn(count, hidden, generator=generator).to(torch.bfloat16) * 4
+    chosen = torch.stack([torch.randperm(experts, generator=generator)[:topk] for _ in range(count)])
+    order = chosen.reshape(-1).sort(stable=True).indices
+    rows = order // topk
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    want = gather_rows(tokens, rows, inverse, topk)
+    assert torch.equal(torch.compile(scatter_rows, dynamic=None)(tokens, rows, inverse, topk), want)
+    want_fp8, want_scale = gather_rows_fp8(tokens, rows, inverse, topk)
+    got_fp8, got_scale = torch.compile(scatter_rows_fp8, dynamic=None)(tokens, rows, inverse, topk)
+    assert got_fp8.dtype == torch.float8_e4m3fn and got_fp8.shape == (count * topk, hidden)
+    assert torch.equal(got_fp8.view(torch.uint8), want_fp8.view(torch.uint8))
+    assert torch.equal(got_scale, want_scale)
+    assert not torch.equal(want[:count], tokens)  # (expert order is not token order)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0), reason="needs a CUDA GPU with FP8 grouped GEMMs (Hopper: compute capability 9.0)")
 def test_fp8_grouped_kernel_equals_its_reference_on_gpu() -> None:
     """``torch._scaled_grouped_mm`` (CUDA) computes what `fp8_grouped_mm_reference` does (with empty
