@@ -472,10 +472,10 @@ class LayerKernels:
 
     Compiling fuses what surrounds the matrix products into few passes: the norms, RoPE and QK norm
     (fp32 elementwise work), the residual adds, the router's softmax and top-k, SwiGLU's
-    ``up * silu(gate)``, the experts' input rows written in token order (`scatter_rows`), and the
-    MoE's gather-weigh-sum of each token's k expert outputs. Attention
-    and the grouped expert GEMMs stay eager (their routing has data-dependent sizes). The pieces take
-    the layer as an argument, so one compiled graph serves every layer.
+    ``up * silu(gate)``, the experts' input rows written in token order (`scatter_rows`; FP8 rows
+    and their scales: `scatter_rows_fp8`), and the MoE's gather-weigh-sum of each token's k expert
+    outputs. Attention and the grouped expert GEMMs stay eager (their routing has data-dependent
+    sizes). The pieces take the layer as an argument, so one compiled graph serves every layer.
     """
 
     qkv: Callable[..., tuple[torch.Tensor, ...]] = layer_qkv
