@@ -233,6 +233,15 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else float(10 * np.log10(255.0**2 / mse))
 
 
+def write_table(lines: list[str], path: Path) -> str:
+    """A bench's report: `lines` joined, printed and written to `path` (its folder made); returns the text."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text
+
+
 # -- the two systems ---------------------------------------------------------------------------------
 
 

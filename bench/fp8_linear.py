@@ -16,7 +16,7 @@ import argparse
 import os
 from pathlib import Path
 
-from diffusion import matmul_ceiling, timed
+from diffusion import matmul_ceiling, timed, write_table
 
 SHAPES = [(16384, 3072, 3072), (16384, 3072, 12288), (16384, 12288, 3072), (65536, 5120, 5120), (65536, 5120, 13824)]
 
@@ -76,10 +76,7 @@ def main() -> None:
                 error = ((fn().float() - exact).abs().max() / exact.abs().max()).item()
                 flops = 2 * m * k * n / seconds
                 lines.append(f"| {m} x {k} -> {n} | {name} | {seconds * 1e3:.3f} | {flops / 1e12:.0f} | {base / seconds:.2f}x | {error:.4f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = Path(os.environ.get("OUT", "."))
-    (out / f"fp8-linear-{args.preset}.md").write_text(text)
+    write_table(lines, Path(os.environ.get("OUT", ".")) / f"fp8-linear-{args.preset}.md")
 
 
 if __name__ == "__main__":

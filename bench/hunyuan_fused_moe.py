@@ -39,6 +39,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from diffusion import write_table
 from omni_hunyuan.layers import gather_rows, per_expert_mm, scatter_rows, swiglu
 
 
@@ -356,10 +357,7 @@ def main() -> None:
             ms = timed(lambda: torch._grouped_mm(reference, down.transpose(1, 2), offs=ends), args.repeats, device)
             lines.append(f"| {count} | {rows.shape[0]} | down: torch._grouped_mm | {ms:.3f} | {flops / ms / 1e9:.0f} | {base / ms:.3f} | |")
         lines += each_config("down: expert_mm", lambda b: expert_mm(reference, down, ends, b), want, flops, base, count)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = Path(os.environ.get("OUT", "."))
-    (out / f"hunyuan-fused-moe-{args.preset}.md").write_text(text)
+    write_table(lines, Path(os.environ.get("OUT", ".")) / f"hunyuan-fused-moe-{args.preset}.md")
 
 
 if __name__ == "__main__":

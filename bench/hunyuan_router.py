@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from diffusion import timed
+from diffusion import timed, write_table
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,7 @@ def main() -> None:
     generator = torch.Generator(device).manual_seed(0)
     x = torch.randn(args.tokens, args.hidden, device=device, generator=generator).to(getattr(torch, args.dtype))
     w = torch.randn(args.experts, args.hidden, device=device, generator=generator) * args.hidden**-0.5
-    exact = (x.double() @ w.double().T)
+    exact = x.double() @ w.double().T
     span = (exact.max() - exact.min()).item()
     variants: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] = [
         ("F.linear (served)", linear),
@@ -103,10 +103,7 @@ def main() -> None:
             served = served or seconds
             lines.append(f"| {label} | {seconds * 1e3:.3f} | {flops / seconds / 1e12:.1f} | {served / seconds:.2f}x | {error:.1e} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"hunyuan-router-{args.preset}.md").write_text(text)
+    write_table(lines, args.out / f"hunyuan-router-{args.preset}.md")
 
 
 if __name__ == "__main__":

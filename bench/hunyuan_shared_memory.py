@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from diffusion import write_table
 from hunyuan_image3 import write_release_width
 
 SPEC = {
@@ -145,10 +146,7 @@ def main() -> None:
         f"{runs['shared']['image_mean'] == runs['two-copies']['image_mean']} (mean pixel {runs['shared']['image_mean']:.3f} "
         f"and {runs['two-copies']['image_mean']:.3f}).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hunyuan-shared-memory.md").write_text(text)
+    write_table(lines, args.out / "hunyuan-shared-memory.md")
 
 
 if __name__ == "__main__":
