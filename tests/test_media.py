@@ -59,6 +59,7 @@ def test_result_json_names_frames_and_channels() -> None:
     body = result.to_json({"video": "v.mp4"})
     assert body["video"]["frames"] == 5 and body["video"]["fps"] == 24.0 and body["video"]["path"] == "v.mp4"
     assert body["audio"]["channels"] == 2 and body["audio"]["sample_rate"] == 8000 and body["audio"]["num_samples"] == 100
+    assert body["finish_reason"] == "stop"  # (no text stage gave one: as the server reports it)
 
 
 def test_result_counts_the_text_stages_prompt_else_the_first_one_sent() -> None:

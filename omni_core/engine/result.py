@@ -121,8 +121,9 @@ class OmniResult:
         return paths
 
     def to_json(self, paths: dict[str, str] | None = None) -> dict[str, Any]:
-        """Plain-data summary (what ``omni generate --json`` prints)."""
-        result: dict[str, Any] = {"request_id": self.request_id, "text": self.text, "finish_reason": self.finish_reason}
+        """Plain-data summary (what ``omni generate --json`` prints). A finished request whose stages
+        gave no finish reason (no text stage: an image, a video) reads "stop", as the server says it."""
+        result: dict[str, Any] = {"request_id": self.request_id, "text": self.text, "finish_reason": self.finish_reason or "stop"}
         if self.prompt_token_ids is not None or self.token_ids:
             result["prompt_token_ids"] = self.prompt_token_ids
             result["token_ids"] = self.token_ids
