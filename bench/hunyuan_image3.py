@@ -274,6 +274,8 @@ class Omni:
         self.runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
         self.runtime.load()
         self.device = device
+        kernels = self.runtime.model.transformer.kernels  # the experts' row kernels as served (`row_gather`)
+        self.served_rows = {"rows": kernels.rows, "rows_fp8": kernels.rows_fp8}
 
     @staticmethod
     def request(index: int, size: int, steps: int) -> Any:
@@ -325,8 +327,6 @@ class Omni:
         from omni_hunyuan.layers import gather_rows, gather_rows_fp8
 
         transformer = self.runtime.model.transformer
-        if not hasattr(self, "served_rows"):
-            self.served_rows = {"rows": transformer.kernels.rows, "rows_fp8": transformer.kernels.rows_fp8}
         rows = {"rows": gather_rows, "rows_fp8": gather_rows_fp8} if how == "index" else self.served_rows
         transformer.kernels = attrs.evolve(transformer.kernels, **rows)
         return "rows by index_select" if how == "index" else ""

@@ -120,10 +120,15 @@ class OmniResult:
             paths["actions"] = str(path)
         return paths
 
+    @property
+    def reported_finish_reason(self) -> str:
+        """The finish reason a finished request reports (the server's answers, ``omni generate
+        --json``): its text stage's, or "stop" where no stage gave one (an image, a video)."""
+        return self.finish_reason or "stop"
+
     def to_json(self, paths: dict[str, str] | None = None) -> dict[str, Any]:
-        """Plain-data summary (what ``omni generate --json`` prints). A finished request whose stages
-        gave no finish reason (no text stage: an image, a video) reads "stop", as the server says it."""
-        result: dict[str, Any] = {"request_id": self.request_id, "text": self.text, "finish_reason": self.finish_reason or "stop"}
+        """Plain-data summary (what ``omni generate --json`` prints)."""
+        result: dict[str, Any] = {"request_id": self.request_id, "text": self.text, "finish_reason": self.reported_finish_reason}
         if self.prompt_token_ids is not None or self.token_ids:
             result["prompt_token_ids"] = self.prompt_token_ids
             result["token_ids"] = self.token_ids

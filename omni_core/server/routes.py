@@ -176,7 +176,7 @@ class ChatController(Controller):
             model=server.model_name,
             choices=[
                 Choice(
-                    index=0, message=message, finish_reason=result.finish_reason or "stop",
+                    index=0, message=message, finish_reason=result.reported_finish_reason,
                     logprobs={"content": _logprob_entries(result.token_ids, result.logprobs, data.top_logprobs or 0)} if data.logprobs else None,
                 )
             ],
@@ -242,7 +242,7 @@ async def _chat_events(
         yield _error_event(exc)
         yield "[DONE]"
         return
-    yield chunk({}, tracked.result.finish_reason or "stop")
+    yield chunk({}, tracked.result.reported_finish_reason)
     if include_usage:
         yield json.dumps({**base, "choices": [], "usage": msgspec.to_builtins(_usage(tracked))})
     yield "[DONE]"
@@ -269,7 +269,7 @@ class CompletionsController(Controller):
         results = await run_while_connected(batch, request.receive)
         choices = [
             CompletionChoice(
-                index=index, text=result.text, finish_reason=result.finish_reason or "stop",
+                index=index, text=result.text, finish_reason=result.reported_finish_reason,
                 logprobs=_completion_logprobs(_logprob_entries(result.token_ids, result.logprobs, data.logprobs)) if data.logprobs is not None else None,
             )
             for index, result in enumerate(results)
@@ -373,7 +373,7 @@ async def _completion_events(
     try:
         async for index, delta in _merged(streams):
             if delta is None:
-                yield chunk(index, "", batch[index].result.finish_reason or "stop", [] if logprobs is not None else None)
+                yield chunk(index, "", batch[index].result.reported_finish_reason, [] if logprobs is not None else None)
             elif delta.modality == "text" and (delta.data.get("text") or (logprobs is not None and delta.data.get("token_ids"))):
                 entries = _logprob_entries(delta.data.get("token_ids") or [], delta.data.get("logprobs") or [], logprobs) if logprobs is not None else None
                 yield chunk(index, delta.data.get("text") or "", None, entries)
