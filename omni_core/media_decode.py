@@ -36,13 +36,15 @@ def open_image(raw: bytes, where: str, param: str | None = None, max_pixels: int
         return image.convert("RGB")
 
 
-def check_image(raw: bytes, where: str, param: str | None = None, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+def check_image(raw: bytes, where: str, param: str | None = None, max_pixels: int = MAX_IMAGE_PIXELS) -> str:
     """A 400 unless encoded image bytes have the header of an image PIL reads, of at most
-    `max_pixels` pixels: what a server checks before the family decodes the pixels."""
+    `max_pixels` pixels: what a server checks before the family decodes the pixels. Returns the
+    image's media type, as its header says (``image/png``, ...)."""
     from PIL import Image
 
     with _image_errors(where, param or where, max_pixels), Image.open(io.BytesIO(raw)) as image:
         check_image_size(image.width, image.height, where, param, max_pixels)
+        return Image.MIME.get(image.format or "", f"image/{(image.format or 'unknown').lower()}")
 
 
 @contextlib.contextmanager

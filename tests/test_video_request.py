@@ -43,6 +43,17 @@ def test_frames_and_references_become_request_fields() -> None:
     assert [r["type"] for r in request.extra["references"]] == ["image", "audio"]
 
 
+def test_an_untyped_upload_is_typed_by_its_bytes() -> None:
+    """A frame sent as ``data:application/octet-stream`` (curl's upload of a file named without an
+    extension) is an image when its bytes are one, and otherwise refused as not one."""
+    untyped = "data:application/octet-stream;base64," + PNG.partition(",")[2]
+    request = video_request(VideoRequest(model="m", prompt="a cat", input_reference=untyped), PIPELINE)  # type: ignore[arg-type]
+    assert request.extra["image"] == PNG
+    with pytest.raises(APIError) as info:
+        video_request(VideoRequest(model="m", prompt="a cat", last_frame="data:application/octet-stream;base64,aGVsbG8="), PIPELINE)  # type: ignore[arg-type]
+    assert info.value.status == 400 and info.value.param == "last_frame" and "not a readable image" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

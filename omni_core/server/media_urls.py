@@ -73,11 +73,16 @@ def data_url(url: str, access: MediaAccess, where: str, param: str | None = None
     """`omni_core.media_access.as_data_url` with its refusal as a 400 (`param`: default `where`).
     With `image` (a field that holds an image), a ``data:image/...`` URL must be base64 of an image
     PIL reads (its header checked: `check_image`), so that a client learns which of its fields is
-    not one under that field's name, not under the name the model family gives the image."""
+    not one under that field's name, not under the name the model family gives the image. There,
+    a ``data:application/octet-stream`` URL (an upload whose type neither its client nor its file
+    name gave) is typed by its bytes: an image's media type, else the same 400."""
     try:
         url = as_data_url(url, access, where)
-        if image and url[5:11].lower() == "image/":
-            check_image(data_url_bytes(url, where)[1], where)
+        media_type = url[5:].partition(",")[0].partition(";")[0].strip().lower()
+        if image and (media_type.startswith("image/") or media_type == "application/octet-stream"):
+            found = check_image(data_url_bytes(url, where)[1], where)
+            if media_type == "application/octet-stream":
+                url = f"data:{found};base64,{url.partition(',')[2]}"
     except InvalidRequestError as exc:
         raise APIError(400, str(exc), param=param or where) from None
     return url

@@ -167,22 +167,17 @@ def _has_torchaudio() -> bool:
 def decode_audio(value: Any, sample_rate: Any, param: str) -> tuple[Any, int]:
     """A reference soundtrack as a float32 ``[channels, N]`` tensor and its rate: an array (with
     `sample_rate`) or a base64 ``data:audio/...`` URL (never a path or a URL to fetch)."""
-    import base64
-    import binascii
-
     import numpy as np
     import torch
 
     if isinstance(value, str):
-        if not value.startswith("data:audio/") or ";base64," not in value:
+        if value[:5].lower() != "data:":
             raise InvalidRequestError(f"{param} must be a base64 data URL (data:audio/wav;base64,...); paths and URLs are not fetched", param=param)
+        from omni_core.media_access import data_url_bytes
         from omni_core.media_decode import read_audio
 
-        try:
-            raw = base64.b64decode(value.split(";base64,", 1)[1], validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidRequestError(f"cannot decode {param}: {exc}", param=param) from None
-        samples, rate = read_audio(raw, param, param)  # its duration checked before decoding
+        # (its bytes decide what it is, not the URL's media type: `omni generate` names a file's type from its name)
+        samples, rate = read_audio(data_url_bytes(value, param)[1], param, param)  # its duration checked before decoding
         return torch.from_numpy(np.ascontiguousarray(samples.T)), int(rate)
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate <= 0:
         raise InvalidRequestError(f"{param} needs its sample_rate (a positive integer, Hz)", param=param)
@@ -205,7 +200,7 @@ def decode_image(value: Any, param: str) -> Any:
     if isinstance(value, Image.Image):
         return value.convert("RGB")
     if isinstance(value, str):
-        if not value.startswith("data:image/") or ";base64," not in value:
+        if value[:5].lower() != "data:":  # (any media type: the bytes are decoded as an image or refused)
             raise InvalidRequestError(
                 f"{param} must be a base64 data URL (data:image/png;base64,...); paths and URLs to fetch are not accepted",
                 param=param,

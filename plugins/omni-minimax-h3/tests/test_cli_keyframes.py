@@ -32,8 +32,11 @@ def _png(path: Path, width: int, height: int) -> str:
 
 def test_an_image_is_the_first_frame(tmp_path: Path) -> None:
     tall = _png(tmp_path / "tall.png", 32, 64)  # (the tiny checkpoint's own canvas is 64x32)
+    # A file whose name gives no type (a data:application/octet-stream URL) is read by its bytes.
+    nameless = tmp_path / "frame"
+    nameless.write_bytes(Path(tall).read_bytes())
     params = json.dumps({"dit": {"num_inference_steps": 2}})
-    code, output = _generate("--image", tall, "--image", tall, "--stage-params", params, "--json", *INLINE)
+    code, output = _generate("--image", str(nameless), "--image", tall, "--stage-params", params, "--json", *INLINE)
     assert code == 0, output
     video = json.loads(output[output.index("{\n"):])["video"]
     assert video["shape"][1:] == [64, 32, 3]  # the canvas follows the first frame's shape

@@ -78,6 +78,7 @@ def test_diffusers_rejects_what_we_reject(reference) -> None:
         ({"image": "/etc/passwd"}, "image"),
         ({"last_image": "https://example.com/a.png"}, "last_image"),
         ({"image": np.zeros((4, 4), np.uint8)}, "image"),
+        ({"image": "data:application/octet-stream;base64,aGVsbG8="}, "image"),  # ("hello": decoded, not an image)
         ({"voice": "Ethan"}, "voice"),
     ],
 )
