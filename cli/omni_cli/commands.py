@@ -45,13 +45,14 @@ def _setup_logging(verbose: bool) -> None:
 @click.option("--stage-params", default=None, metavar="JSON", help='Per-stage parameters, e.g. \'{"thinker": {"max_tokens": 32}}\'.')
 @click.option("--task", default=None, help="The pipeline task to run, for a family with tasks (default: the modalities pick it).")
 @click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="An input image file (repeatable), sent before the prompt in one chat message, as image_url parts: for a model that reads images (e.g. Qwen3-Omni, HunyuanImage-3.0 i2t; for Cosmos3 with --modalities action, the first frame). For a video (--modalities video, or a model whose default is one, e.g. MiniMax-H3) the first --image is the first frame and a second the last one, as /v1/videos' input_reference and last_frame.")
+@click.option("--reference", "references", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A reference image or audio file for a video (repeatable, in order), as /v1/videos' references: e.g. MiniMax-H3's ref2va (up to 9 images, 3 audio). Its type comes from its name (else its bytes: an image, or audio).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Directory for media outputs (WAV, PNG, MP4).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (with prompt_token_ids and token_ids).")
 @click.option("-v", "--verbose", is_flag=True, help="Show library logs (vLLM etc.).")
 @deploy_option
 @set_option
 @click.pass_context
-def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None, stage_params: str | None, task: str | None, images: tuple[Path, ...], out_dir: Path | None, as_json: bool, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
+def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None, stage_params: str | None, task: str | None, images: tuple[Path, ...], references: tuple[Path, ...], out_dir: Path | None, as_json: bool, verbose: bool, deploy: Path | None, overrides: tuple[str, ...]) -> None:
     """Run one prompt through MODEL's pipeline and print or save what it produces."""
     params = _parse_stage_params(stage_params)
     wanted = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else None
@@ -69,7 +70,12 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
         from omni_core.config.tasks import choose_task
 
         choose_task(pipeline.tasks, {s.name: s for s in pipeline.stages}, task, wanted, pipeline.default_modalities)
-    keyframes = _keyframes(images) if images and "video" in (wanted or pipeline.default_modalities) else None
+    video = "video" in (wanted or pipeline.default_modalities)
+    extra = _keyframes(images) if images and video else None  # (a video's fields: /v1/videos' frames and references)
+    if references:
+        if not video:
+            raise click.UsageError(f"--reference is a video's reference ({model} makes {', '.join(wanted or pipeline.default_modalities)}): for an image to read, use --image")
+        extra = {**(extra or {}), "references": [_reference(path) for path in references]}
     click.echo(f"Loading {model} ({pipeline.family}: {' -> '.join(s.name for s in pipeline.stages)}) ...", err=True)
     with Omni(pipeline) as omni:
         stream_text = not as_json and sys.stdout.isatty()
@@ -80,8 +86,8 @@ def generate(ctx: click.Context, model: str, prompt: str, modalities: str | None
             elif delta.modality != "text" and _worth_a_line(delta):
                 click.echo(_describe(delta), err=True)
 
-        if keyframes is not None:
-            request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task, extra=keyframes)
+        if extra is not None:
+            request = OmniRequest(prompt=prompt, modalities=wanted, params=params or {}, task=task, extra=extra)
         elif images:
             content = [*({"type": "image_url", "image_url": {"url": _data_url(path)}} for path in images), {"type": "text", "text": prompt}]
             request = OmniRequest(messages=[{"role": "user", "content": content}], modalities=wanted, params=params or {}, task=task)
@@ -112,6 +118,23 @@ def _data_url(path: Path) -> str:
 
     kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return f"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
+def _reference(path: Path) -> dict[str, str]:
+    """A ``--reference`` file as a video request's reference, ``{"type": "image"|"audio", ...: data URL}``:
+    audio when its name says so, an image when its name or (no type in its name) its header does."""
+    import mimetypes
+
+    kind = (mimetypes.guess_type(path.name)[0] or "").partition("/")[0]
+    if kind not in ("image", "audio"):
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(path):
+                kind = "image"
+        except (UnidentifiedImageError, OSError):
+            kind = "audio"
+    return {"type": kind, kind: _data_url(path)}
 
 
 def _keyframes(images: tuple[Path, ...]) -> dict[str, str]:

@@ -29,6 +29,8 @@ from omni_cosmos3.tasks import ACTION_TASKS
 STAGE = "generator"
 DEFAULT_DEPLOY = "omni_cosmos3:deploy/default.yaml"
 EXTRA_FIELDS = ("size", "seconds", "seed", "n", "domain", "chunk_size", "resolution_tier", "view_point", "image", "video")
+# Request fields of /v1/videos (and `omni generate --image/--reference`) that Cosmos3 has no use for.
+UNTAKEN_FIELDS = {"last_image": "last frame (last_image; /v1/videos' last_frame)", "references": "references (references; omni generate --reference)"}
 
 
 def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig:
@@ -71,6 +73,9 @@ class Cosmos3InputProcessor(InputProcessor):
             images = last_user_images(request.messages, 1, "Cosmos3")
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("Cosmos3 needs a text prompt", param="prompt")
+        for key, what in UNTAKEN_FIELDS.items():  # (a video request's fields of other families: refused, not dropped)
+            if request.extra.get(key) is not None:
+                raise InvalidRequestError(f"Cosmos3 takes no {what}; it generates from the prompt (the action tasks: from a first frame, `image`, or a `video`)", param=key)
         modalities = tuple(request.modalities or self.context.pipeline.default_modalities)
         data: dict[str, Any] = {"prompt": prompt, "task": task_for(modalities, request.extra.get("video") is not None)}
         for key in EXTRA_FIELDS:

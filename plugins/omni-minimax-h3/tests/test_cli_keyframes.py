@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from omni_core.errors import InvalidRequestError
@@ -60,3 +61,51 @@ def test_an_image_in_a_chat_message_names_the_keyframe_fields(processor) -> None
         "MiniMax-H3 takes its first and last frames as the request's image and last_image fields "
         "(/v1/videos: input_reference and last_frame; omni generate: --image, once or twice)"
     )
+
+
+def _decoded(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """An MP4's video frames and audio samples, decoded."""
+    import av
+
+    with av.open(path) as container:
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    with av.open(path) as container:
+        audio = np.concatenate([frame.to_ndarray() for frame in container.decode(audio=0)], axis=-1)
+    return frames, audio
+
+
+def test_references_are_the_video_requests_references(tmp_path: Path, pipeline) -> None:
+    """``--reference`` files (an image, then audio: typed by name, or by the image's header when the
+    name says nothing) make the ref2va request /v1/videos' references would: the same MP4 as that
+    request run offline, and not the one without them."""
+    import soundfile
+
+    from omni_core.engine.offline import Omni
+    from omni_core.engine.request import OmniRequest
+    from omni_cli.commands import _data_url
+
+    face = tmp_path / "face"  # (a PNG named without an extension)
+    face.write_bytes(Path(_png(tmp_path / "face.png", 40, 40)).read_bytes())
+    voice = tmp_path / "voice.wav"
+    soundfile.write(voice, np.random.default_rng(0).uniform(-0.3, 0.3, (8000, 2)).astype(np.float32), 8000)
+    params = {"dit": {"num_inference_steps": 2, "seed": 3, "size": [32, 32]}}
+    code, output = _generate("--reference", str(face), "--reference", str(voice), "--stage-params", json.dumps(params), "--out", str(tmp_path / "cli"), "--json", *INLINE)
+    assert code == 0, output
+    from_cli = _decoded(json.loads(output[output.index("{\n"):])["video"]["path"])
+
+    references = [{"type": "image", "image": _data_url(face)}, {"type": "audio", "audio": _data_url(voice)}]
+    with Omni(pipeline) as omni:
+        alone, without = omni.generate([OmniRequest(prompt="a cat", params=params, extra={"references": references}), OmniRequest(prompt="a cat", params=params)])
+    expected, other = (_decoded(result.save(tmp_path / name)["video"]) for result, name in ((alone, "alone"), (without, "without")))
+    assert np.array_equal(from_cli[0], expected[0]) and np.array_equal(from_cli[1], expected[1])
+    assert not np.array_equal(from_cli[0], other[0])
+
+
+def test_a_reference_for_a_model_that_makes_no_video_is_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from omni_cli.main import cli
+
+    image = _png(tmp_path / "a.png", 8, 8)
+    result = CliRunner().invoke(cli, ["generate", "omni-tiny/hunyuan-image3", "--prompt", "a cat", "--reference", image])
+    assert result.exit_code != 0 and "--reference is a video's reference" in result.output and "use --image" in result.output, result.output
