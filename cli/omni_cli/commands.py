@@ -123,9 +123,8 @@ def _data_url(path: Path) -> str:
 def _reference(path: Path) -> dict[str, str]:
     """A ``--reference`` file as a video request's reference, ``{"type": "image"|"audio", ...: data URL}``:
     audio when its name says so, an image when its name or (no type in its name) its header does."""
-    import mimetypes
-
-    kind = (mimetypes.guess_type(path.name)[0] or "").partition("/")[0]
+    url = _data_url(path)
+    kind = url[5:].partition("/")[0]
     if kind not in ("image", "audio"):
         from PIL import Image, UnidentifiedImageError
 
@@ -134,7 +133,7 @@ def _reference(path: Path) -> dict[str, str]:
                 kind = "image"
         except (UnidentifiedImageError, OSError):
             kind = "audio"
-    return {"type": kind, kind: _data_url(path)}
+    return {"type": kind, kind: url}
 
 
 def _keyframes(images: tuple[Path, ...]) -> dict[str, str]:

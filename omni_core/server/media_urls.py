@@ -78,11 +78,12 @@ def data_url(url: str, access: MediaAccess, where: str, param: str | None = None
     name gave) is typed by its bytes: an image's media type, else the same 400."""
     try:
         url = as_data_url(url, access, where)
-        media_type = url[5:].partition(",")[0].partition(";")[0].strip().lower()
-        if image and (media_type.startswith("image/") or media_type == "application/octet-stream"):
-            found = check_image(data_url_bytes(url, where)[1], where)
-            if media_type == "application/octet-stream":
-                url = f"data:{found};base64,{url.partition(',')[2]}"
+        if image:
+            media_type, raw = data_url_bytes(url, where)
+            if media_type.startswith("image/") or media_type == "application/octet-stream":
+                found = check_image(raw, where)
+                if media_type == "application/octet-stream":
+                    url = f"data:{found};base64,{url.partition(',')[2]}"
     except InvalidRequestError as exc:
         raise APIError(400, str(exc), param=param or where) from None
     return url
