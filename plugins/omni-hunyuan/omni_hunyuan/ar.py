@@ -79,7 +79,8 @@ class HunyuanAR(ARModel):
         if isinstance(data.get("prompt"), str) and data.get("bot_task") is not None:
             from omni_hunyuan.prompt import instruct_prompt_ids
 
-            return {"prompt_token_ids": instruct_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], data["bot_task"])}
+            ids = instruct_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], data["bot_task"], data.get("system"))
+            return {"prompt_token_ids": ids}
         if isinstance(data.get("prompt"), str) and data.get("prompt_token_ids") is None:
             ids = self.hf_tokenizer.encode(data["prompt"], add_special_tokens=False)
             return {"prompt_token_ids": [int(self.hf_tokenizer.bos_token_id), *ids]}

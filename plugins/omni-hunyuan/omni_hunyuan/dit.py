@@ -1,7 +1,9 @@
 """The ``dit`` stage: text-to-image on the core diffusion runtime, with our transformer and sampler.
 
-Input: a ``prompt`` (task ``t2i``: the request's), or the ``ar`` stage's prompt, reasoning and ratio
-step as token ids (``think_t2i``/``recaption_t2i``, `ReasoningAdapter`). The size: the request's
+Input: a ``prompt`` (task ``t2i``: the request's; ``it2i``: with ``images`` to edit, on an Instruct
+checkpoint, `_prepare_edit`), or the ``ar`` stage's prompt, reasoning and ratio step as token ids
+(``think_t2i``/``recaption_t2i``, `ReasoningAdapter`). The rows follow the checkpoint's
+``sequence_template`` (`omni_hunyuan.prompt`). The size: the request's
 ``size``, one of the checkpoint's resolution table (`omni_hunyuan.resolution`); else the ratio the
 ``ar`` stage picked; else (``t2i``, or reasoning cut short) the model picks the ratio token here, its
 logits limited to the ratio tokens of drawable sizes (as the release's ratio step).
@@ -22,6 +24,7 @@ a request's ``seed`` draws the release's starting noise, so it reproduces the re
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -32,7 +35,8 @@ from omni_core.engine.params import int_param, number_param
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
-from omni_hunyuan.prompt import image_rows, reasoned_text_ids
+from omni_hunyuan.pipeline import PROMPT_BLANK_PARAM
+from omni_hunyuan.prompt import Text, image_rows, instruct_text, reasoned_text, t2i_text
 from omni_hunyuan.resolution import drawable, ratio_index, ratio_sizes
 from omni_hunyuan.sampler import flow_sigmas, initial_noise
 from omni_hunyuan.tokens import SpecialTokens
@@ -49,6 +53,9 @@ class _Prefix:
     ids: torch.Tensor  # [rows, L]: [cond, uncond] under CFG
     ar_kv: torch.Tensor | None = None  # the ar stage's rows of the cond row's first tokens (`start` uses them)
     cache: PrefixCache | None = None
+    # it2i: the rows as embeddings [rows, L, hidden] (input images' blocks laid out), their (y, x)
+    # positions [L, 2] and two-way spans (`start` encodes them instead of `ids`)
+    embedded: tuple[torch.Tensor, torch.Tensor, tuple[tuple[int, int], ...]] | None = None
 
 
 @attrs.define(eq=False)
@@ -97,9 +104,9 @@ class HunyuanDiT(DiffusionModel):
         self.decoder = load_image_decoder(path, self.config.vae, device=spec.device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, self.config.image_base_size)
-        template = self.defaults.get("sequence_template", "pretrain")
-        if template not in ("pretrain", "instruct"):
-            raise NotImplementedError(f"sequence_template {template!r}: only 'pretrain' and 'instruct' are implemented")
+        self.template = self.defaults.get("sequence_template", "pretrain")
+        if self.template not in ("pretrain", "instruct"):
+            raise NotImplementedError(f"sequence_template {self.template!r}: only 'pretrain' and 'instruct' are implemented")
         base = self.config.image_base_size
         self.num_ratios = len(self.tokens.ratios)
         self.drawable = drawable(base, self.num_ratios, self.config.vae_downsample)
@@ -111,7 +118,8 @@ class HunyuanDiT(DiffusionModel):
         return params.get(key, data.get(key, default))
 
     def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
-        text_ids, picked = self._text_ids(data)
+        text, picked = self._text(data, params)
+        text_ids = text.ids
         steps = int_param(self._param(data, params, "num_inference_steps", int(self.defaults.get("diff_infer_steps", 50))), "num_inference_steps")
         if not 1 <= steps <= self.max_steps:
             raise InvalidRequestError(f"num_inference_steps must be in 1..{self.max_steps}, got {steps}", param="num_inference_steps")
@@ -124,10 +132,12 @@ class HunyuanDiT(DiffusionModel):
         if not 1 <= n <= MAX_N:
             raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
         size = self._param(data, params, "size", None)
+        if data.get("images"):
+            return self._prepare_edit(request_id, data, text, size, steps, guidance, seed, n)
         ratio = picked if size is None and picked is not None else self._ratio(size, text_ids)
         width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
         side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
-        rows = image_rows(self.tokens, text_ids, ratio, side_h, side_w, cfg=guidance > 1.0)
+        rows = image_rows(self.tokens, text_ids, ratio, side_h, side_w, cfg=guidance > 1.0, blank=text.blank)
         reuse = self._param(data, params, "reuse_prefix_kv", True)
         if not isinstance(reuse, bool):
             raise InvalidRequestError(f"reuse_prefix_kv must be true or false, got {reuse!r}", param="reuse_prefix_kv")
@@ -143,6 +153,73 @@ class HunyuanDiT(DiffusionModel):
             for index in range(n)
         ]
 
+    def _prepare_edit(
+        self, request_id: str, data: dict[str, Any], text: Text, size: Any, steps: int, guidance: float, seed: int, n: int,
+    ) -> list[DiffusionSample]:
+        """it2i: the input images' blocks (`omni_hunyuan.understanding.layout`) in both CFG rows (the
+        uncond row blanks the prompt, not the images). As the release draws them, one generator seeded
+        with a sample's seed draws each input image's VAE latent, then the starting noise: each sample
+        has its own prefix. Unset `size`: the model picks the ratio after the images and the prompt."""
+        from omni_hunyuan.understanding import layout, preprocess
+
+        images = data["images"]
+        if text.ids.count(self.tokens.image) != len(images):
+            raise InvalidRequestError("the prompt may not contain the image placeholder token <img>", param="prompt")
+        try:
+            conds = [preprocess(image, self.config, self.num_ratios, self._vit_processor) for image in images]
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"cannot read the input image: {exc}", param="messages") from None
+        encoder = self._image_encoder
+        wte = self.transformer.model.wte
+        sigmas = flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device)
+        head = [self.tokens.boi, self.tokens.size]
+        blocks = iter(cond.shape.length for cond in conds)
+        blank = [b for t, b in zip(text.ids + head, text.blank + [False, False]) for b in ([False] * next(blocks) if t == self.tokens.image else [b])]
+        samples: list[DiffusionSample] = []
+        ratio: int | None = None
+        for index in range(n):
+            generator = torch.Generator(self.device).manual_seed(seed + index)
+            with torch.no_grad():
+                laid = layout([*text.ids, *head], conds, self.tokens, wte, encoder, generator)
+                if ratio is None:
+                    ratio = self._ratio(size, text.ids) if size is not None else self._pick_ratio_of(laid)
+                    width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
+                    side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
+                last = torch.tensor([self.tokens.ratios[ratio]], device=self.device)
+                ids = [*laid.ids, int(last)]
+                embeds = torch.cat([laid.embeds, wte(last)])
+                positions = torch.cat([laid.positions, torch.full((1, 2), len(laid.ids), device=self.device)])
+                rows, row_embeds = [ids], [embeds]
+                if guidance > 1.0:
+                    out = torch.tensor([*blank, False], device=self.device)
+                    rows.append([self.tokens.cfg if b else t for t, b in zip(ids, out.tolist())])
+                    row_embeds.append(torch.where(out[:, None], wte(torch.tensor([self.tokens.cfg], device=self.device)), embeds))
+            noise = torch.randn((1, self.config.latent_channels, side_h, side_w), generator=generator, device=self.device, dtype=torch.bfloat16).float()
+            prefix = _Prefix(torch.tensor(rows, device=self.device), embedded=(torch.stack(row_embeds), positions, laid.spans))
+            state = _State(prefix, noise, sigmas, guidance, ids)
+            samples.append(DiffusionSample(request_id, index, steps, (side_h, side_w), state, tokens=len(rows) * (1 + side_h * side_w)))
+        return samples
+
+    @torch.no_grad()
+    def _pick_ratio_of(self, laid: Any) -> int:
+        """`pick_ratio` after a laid-out prompt ending ``<boi> <img_size>`` (input images in it)."""
+        logits, _ = self.transformer.prompt_forward(laid.embeds[None], laid.positions[None], laid.spans, last=True)
+        allowed = torch.tensor([self.tokens.ratios[i] for i in self.drawable], device=self.device)
+        return self.drawable[int(logits[0, -1, allowed].argmax())]
+
+    @functools.cached_property
+    def _image_encoder(self) -> Any:
+        """The VAE encoder, Siglip2 tower, aligner and patch embedder for input images (loaded on the first it2i request)."""
+        from omni_hunyuan.understanding import ImageEncoder
+
+        return ImageEncoder.from_pretrained(self.context.model_path, device=self.device, dtype=self.transformer.model.wte.weight.dtype)
+
+    @functools.cached_property
+    def _vit_processor(self) -> Any:
+        from omni_hunyuan.understanding import vit_processor
+
+        return vit_processor(self.config)
+
     def _reused_rows(self, data: dict[str, Any], cond: list[int]) -> torch.Tensor | None:
         """The ``ar`` stage's key/value rows that the cond row can start from: those of the longest
         common beginning of what it computed (prompt, then reasoning) and the cond row."""
@@ -156,15 +233,29 @@ class HunyuanDiT(DiffusionModel):
         same = next((i for i, (a, b) in enumerate(zip(computed, cond)) if a != b), min(len(computed), len(cond)))
         return rows[:same] if same > 0 else None
 
-    def _text_ids(self, data: dict[str, Any]) -> tuple[list[int], int | None]:
-        """``<bos> prompt`` (t2i), or the ``ar`` stage's prompt, reasoning and ``<answer>`` with the
-        ratio its ratio step picked (None: none picked)."""
+    def _text(self, data: dict[str, Any], params: dict[str, Any]) -> tuple[Text, int | None]:
+        """The text before the image and the ratio the ``ar`` stage picked (None: none picked):
+        ``<bos> prompt`` (``pretrain`` t2i); the instruct template's ``... Assistant: <answer>``
+        (``instruct`` t2i; it2i with the input images' placeholders); or the ``ar`` stage's prompt,
+        reasoning and ``<answer>`` (think/recaption)."""
         if data.get("prompt_token_ids") is not None:
-            return reasoned_text_ids(self.tokens, list(data["prompt_token_ids"]), list(data.get("token_ids") or ()))
+            ids = list(data["prompt_token_ids"])
+            blank = params.get(PROMPT_BLANK_PARAM)
+            prompt = Text(ids, [bool(b) for b in blank]) if blank is not None and len(blank) == len(ids) else Text(ids, [False] + [True] * (len(ids) - 1))
+            return reasoned_text(self.tokens, prompt, list(data.get("token_ids") or ()))
         prompt = data.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
-        return [self.tokens.bos, *self.tokenizer.encode(prompt, add_special_tokens=False)], None
+        images = data.get("images") or []
+        if images and self.template != "instruct":
+            raise InvalidRequestError(
+                "image editing (it2i) needs an Instruct checkpoint (generation_config.json sequence_template: instruct); "
+                f"this one's is {self.template!r}", param="messages",
+            )
+        if self.template == "instruct":
+            text = instruct_text(self.tokenizer, self.tokens, prompt, system=data.get("system"), images=len(images))
+            return text + Text.of([self.tokens.answer]), None
+        return t2i_text(self.tokenizer, self.tokens, prompt), None
 
     def _ratio(self, size: Any, text_ids: list[int]) -> int:
         """The ratio index of the requested `size`, or the model's pick after the text."""
@@ -192,6 +283,9 @@ class HunyuanDiT(DiffusionModel):
         for sample in samples:
             prefix = sample.state.prefix
             if prefix.cache is not None:  # a sibling sample (same request) encoded it
+                continue
+            if prefix.embedded is not None:
+                prefix.cache, prefix.embedded = self.transformer.encode_prompt_prefix(*prefix.embedded), None
                 continue
             if prefix.ar_kv is None:
                 prefix.cache = self.transformer.encode_prefix(prefix.ids)

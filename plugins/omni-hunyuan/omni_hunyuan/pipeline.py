@@ -14,6 +14,7 @@ names one):
 |---|---|---|
 | ``t2t`` | ar | text |
 | ``t2i`` | dit (the request's prompt) | image |
+| ``it2i`` | dit (the prompt after the message's images: editing; Instruct checkpoints) | image, with images |
 | ``think_t2i`` | ar -> dit: ``<think>`` reasoning and the ratio step, then the image after it | text, image |
 | ``recaption_t2i`` | ar -> dit: ``<recaption>`` rewritten prompt, then the image | text, image |
 
@@ -46,9 +47,13 @@ EXTRA_FIELDS = ("size", "seed", "n")
 REASONING = {"think_t2i": "think", "recaption_t2i": "recaption"}  # task -> the ar stage's bot_task
 MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
+PROMPT_BLANK_PARAM = "prompt_blank"
+"""The ``dit`` stage's parameter for think/recaption-then-draw, set here (never by users): which of the
+``ar`` stage's prompt tokens the uncond row blanks (`omni_hunyuan.prompt.Text.blank`)."""
 
 TASKS = (
-    TaskSpec("t2i", (STAGE,), ("image",), "text -> image: the DiT alone"),
+    TaskSpec("t2i", (STAGE,), ("image",), "text -> image: the DiT alone (with images in the messages: it2i)"),
+    TaskSpec("it2i", (STAGE,), ("image",), "image(s) and text -> image (editing): the DiT alone"),
     TaskSpec("t2t", (AR_STAGE,), ("text",), "text -> text on vLLM (with images in the messages: i2t)"),
     TaskSpec("i2t", (AR_STAGE,), ("text",), "image(s) and text -> text on vLLM"),
     TaskSpec("think_t2i", (AR_STAGE, STAGE), ("text", "image"), "think, then draw after the reasoning"),
@@ -97,14 +102,16 @@ class HunyuanInputProcessor(InputProcessor):
     def load(self) -> None:
         from transformers import AutoTokenizer
 
-        from omni_hunyuan.config import HunyuanConfig
+        from omni_hunyuan.config import HunyuanConfig, generation_defaults
         from omni_hunyuan.tokens import SpecialTokens
 
         from omni_hunyuan.resolution import drawable
 
         path = self.context.model_path
         config = HunyuanConfig.from_pretrained(path)
-        self.tokens = SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(path), config.image_base_size)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.template = generation_defaults(path).get("sequence_template", "pretrain")
+        self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, config.image_base_size)
         self.ratio_ids = [self.tokens.ratios[i] for i in drawable(config.image_base_size, len(self.tokens.ratios), config.vae_downsample)]
 
     def process(self, request: Any) -> dict[str, StageInput]:
@@ -123,15 +130,21 @@ class HunyuanInputProcessor(InputProcessor):
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 dit[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
-        if request.task == "i2t" and not images:
-            raise InvalidRequestError("task 'i2t' needs an image (an image_url part in the user message)", param="messages")
+        if request.task in ("i2t", "it2i") and not images:
+            raise InvalidRequestError(f"task {request.task!r} needs an image (an image_url part in the user message)", param="messages")
+        system = system_text(request.messages)
         if request.task in ("t2t", "i2t"):
-            data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system_text(request.messages)} if images else {"prompt": prompt}
+            data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system} if images else {"prompt": prompt}
             return {AR_STAGE: StageInput(data=data, final=True)}
-        if images:
+        if images and request.task in ("t2i", "it2i") and self.template != "instruct":
             raise InvalidRequestError(
-                f"task {request.task!r} takes no image (image editing, it2i, is not supported); "
-                'with "modalities": ["text"] the image is read (i2t)', param="messages",
+                "image editing (it2i) needs an Instruct checkpoint (generation_config.json sequence_template: instruct); "
+                f"this one's is {self.template!r}", param="messages",
+            )
+        if images and request.task not in ("t2i", "it2i"):
+            raise InvalidRequestError(
+                f"task {request.task!r} takes no image (reasoning before an edit is not implemented); "
+                'with "modalities": ["image"] the image is edited (it2i), with ["text"] it is read (i2t)', param="messages",
             )
         asked = request.params.get(AR_STAGE, {})
         if asked.get("structured_outputs") is not None:  # (chat's response_format, or vLLM's own field)
@@ -139,8 +152,9 @@ class HunyuanInputProcessor(InputProcessor):
                 f"response_format and structured_outputs apply to the text tasks t2t and i2t; task {request.task!r} draws an image "
                 "(and its reasoning must end in the ratio step)", param="response_format",
             )
-        if request.task == "t2i":
-            return {STAGE: StageInput(data={"prompt": prompt, **dit}, final=True)}
+        if request.task in ("t2i", "it2i"):
+            edit = {"images": images} if images else {}
+            return {STAGE: StageInput(data={"prompt": prompt, "system": system, **edit, **dit}, final=True)}
         bot_task = REASONING[request.task]
         closer = self.tokens.end_think if bot_task == "think" else self.tokens.end_recaption
         # The reasoning, then the ratio step (`omni_hunyuan.ratio_tail`): it ends on a ratio token.
@@ -155,9 +169,13 @@ class HunyuanInputProcessor(InputProcessor):
         ar_params[RATIO_TAIL_PARAM] = tail
         if reuse:
             ar_params[PREFIX_KV_PARAM] = True  # its keys/values come along for the dit stage
+        # The ar stage's prompt (`HunyuanAR.make_prompt`, the same builder): the dit's uncond row blanks its prompt tokens.
+        from omni_hunyuan.prompt import reasoning_prompt
+
+        blank = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system).blank
         return {
-            AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task}, final=True, params=ar_params),
-            STAGE: StageInput(data={}, params=dit),  # its text comes from ar (ReasoningAdapter)
+            AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task, "system": system}, final=True, params=ar_params),
+            STAGE: StageInput(data={}, params={**dit, PROMPT_BLANK_PARAM: blank}),  # its text comes from ar (ReasoningAdapter)
         }
 
 

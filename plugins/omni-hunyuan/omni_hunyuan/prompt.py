@@ -1,15 +1,26 @@
-"""Token rows of the release's text-to-image sequence (``sequence_template: pretrain``, ``bot_task: image``).
+"""Token rows of the release's image sequences: the text before the image, and CFG's two rows.
+
+``sequence_template: pretrain`` (the base release), ``t2i``::
 
     cond:   <bos> prompt <boi> <img_size_{base}> <img_ratio_k> <timestep> <img>*(h*w) <eoi>
     uncond: <bos> <cfg>*len(prompt) <boi> <img_size_{base}> <img_ratio_k> <timestep> <img>*(h*w) <eoi>
 
-Both rows have the same length and the image at the same index, so CFG is one batch of two rows.
-Which ratio index names which size is the release's resolution group (`omni_hunyuan.resolution`).
+``sequence_template: instruct`` (`instruct_text`), as the release's chat template lays it out, each
+piece tokenized on its own::
 
-Think/recaption-then-draw (``sequence_template: instruct``): the ``ar`` stage continues
-``<bos>User: prompt\n\nAssistant: <think>`` (or ``<recaption>``) up to ``</think>``, then the ratio
-step ``<answer><boi><img_size_B><img_ratio_k>``; the image rows start with that text up to
-``</think><answer>``, as token ids (never decoded and re-encoded), with ratio k.
+    <bos> [system "\n\n"] "User: " [input image blocks] prompt "\n\n" "Assistant: "
+          [<think> reasoning </think> | <recaption> caption </recaption>] <answer> <boi> ... <eoi>
+
+The uncond row replaces the prompt's and the reasoning's tokens with ``<cfg>``, one for one, and keeps
+the rest (``<bos>``, the system text, the role prefixes, the separators, the tags, the input images):
+`Text.blank` marks which. Both rows have the same length and the image at the same index, so CFG is
+one batch of two rows. Which ratio index names which size is the release's resolution group
+(`omni_hunyuan.resolution`).
+
+Think/recaption-then-draw: the ``ar`` stage continues the instruct text up to ``Assistant: <think>``
+(or ``<recaption>``) to ``</think>``, then the ratio step ``<answer><boi><img_size_B><img_ratio_k>``;
+the image rows start with that text up to ``</think><answer>``, as token ids (never decoded and
+re-encoded), with ratio k.
 """
 
 from __future__ import annotations
@@ -32,48 +43,101 @@ class ImageRows:
     width: int
 
 
+@attrs.frozen
+class Text:
+    """Token ids of the text before an image, and which of them the uncond row blanks (``<cfg>``)."""
+
+    ids: list[int]
+    blank: list[bool]
+
+    def __add__(self, other: Text) -> Text:
+        return Text([*self.ids, *other.ids], [*self.blank, *other.blank])
+
+    @staticmethod
+    def of(ids: list[int], blank: bool = False) -> Text:
+        return Text(list(ids), [blank] * len(ids))
+
+
+def _piece(tokenizer: Any, text: str, blank: bool = False) -> Text:
+    return Text.of(tokenizer.encode(text, add_special_tokens=False), blank)
+
+
+def t2i_text(tokenizer: Any, tokens: SpecialTokens, prompt: str) -> Text:
+    """``<bos> prompt`` (``pretrain``): the uncond row blanks the prompt."""
+    return Text.of([tokens.bos]) + _piece(tokenizer, prompt, blank=True)
+
+
+def instruct_text(
+    tokenizer: Any, tokens: SpecialTokens, prompt: str, *, system: str | None = None, images: int = 0, opener: int | None = None,
+) -> Text:
+    """``<bos> [system "\n\n"] "User: " <img>*images prompt "\n\n" "Assistant: " [opener]``, each
+    piece tokenized on its own (as the release's template does: no merge across pieces); each
+    ``<img>`` stands for an input image's block (`omni_hunyuan.understanding.layout`). The uncond
+    row blanks the prompt only."""
+    text = Text.of([tokens.bos])
+    if system and system.strip():
+        text = text + _piece(tokenizer, system.strip()) + _piece(tokenizer, "\n\n")
+    text = text + _piece(tokenizer, "User: ") + Text.of([tokens.image] * images) + _piece(tokenizer, prompt, blank=True)
+    text = text + _piece(tokenizer, "\n\n") + _piece(tokenizer, "Assistant: ")
+    return text + Text.of([opener]) if opener is not None else text
+
+
 def t2i_rows(
     tokenizer: Any, tokens: SpecialTokens, prompt: str, ratio_index: int, height: int, width: int, cfg: bool
 ) -> ImageRows:
-    """The cond row (and the uncond row when `cfg`) for an image of ``height x width`` latent tokens."""
-    return image_rows(tokens, [tokens.bos, *tokenizer.encode(prompt, add_special_tokens=False)], ratio_index, height, width, cfg)
+    """The cond row (and the uncond row when `cfg`) for an image of ``height x width`` latent tokens (``pretrain``)."""
+    text = t2i_text(tokenizer, tokens, prompt)
+    return image_rows(tokens, text.ids, ratio_index, height, width, cfg, blank=text.blank)
 
 
-def instruct_prompt_ids(tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str) -> list[int]:
-    """``<bos>User: prompt\n\nAssistant: <think>`` (`bot_task` ``think``) or ``... <recaption>``."""
+def instruct_prompt_ids(tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None) -> list[int]:
+    """The ``ar`` stage's prompt for `bot_task` ``think`` (``... Assistant: <think>``) or ``recaption``."""
+    return reasoning_prompt(tokenizer, tokens, prompt, bot_task, system).ids
+
+
+def reasoning_prompt(tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None) -> Text:
+    """`instruct_prompt_ids` with its blank marks (the prompt's tokens)."""
     opener = {"think": tokens.think, "recaption": tokens.recaption}[bot_task]
-    return [tokens.bos, *tokenizer.encode(f"User: {prompt}\n\nAssistant: ", add_special_tokens=False), opener]
+    return instruct_text(tokenizer, tokens, prompt, system=system, opener=opener)
 
 
-def reasoned_text_ids(tokens: SpecialTokens, prompt_ids: list[int], generated: list[int]) -> tuple[list[int], int | None]:
+def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int]) -> tuple[Text, int | None]:
     """The text before the image after think/recaption, and the ratio index the ``ar`` stage picked.
 
     The text: the ``ar`` stage's prompt, its reasoning up to the first ``</think>``/``</recaption>``
-    (added if the reasoning ran out of tokens first), ``<answer>``. The ratio: the index of the
+    (added if the reasoning ran out of tokens first), ``<answer>``; the uncond row blanks the
+    reasoning (not its tags) besides what `prompt` marks. The ratio: the index of the
     ``<img_ratio_k>`` ending ``<answer><boi><img_size>`` after the closer (`omni_hunyuan.ratio_tail`),
     or None when the reasoning did not get there.
     """
     closers = (tokens.end_think, tokens.end_recaption)
     cut = next((i for i, t in enumerate(generated) if t in closers), None)
     if cut is None:
-        closer = tokens.end_recaption if tokens.recaption in prompt_ids[-1:] else tokens.end_think
-        return [*prompt_ids, *(t for t in generated if t != tokens.eos), closer, tokens.answer], None
+        closer = tokens.end_recaption if tokens.recaption in prompt.ids[-1:] else tokens.end_think
+        reasoning = Text.of([t for t in generated if t != tokens.eos], blank=True)
+        return prompt + reasoning + Text.of([closer, tokens.answer]), None
     tail = generated[cut + 1 :]
     ratio = None
     if tail[:3] == [tokens.answer, tokens.boi, tokens.size] and len(tail) == 4 and tail[3] in tokens.ratios:
         ratio = tokens.ratios.index(tail[3])
-    return [*prompt_ids, *generated[: cut + 1], tokens.answer], ratio
+    return prompt + Text.of(generated[:cut], blank=True) + Text.of([generated[cut], tokens.answer]), ratio
 
 
-def image_rows(tokens: SpecialTokens, text_ids: list[int], ratio_index: int, height: int, width: int, cfg: bool) -> ImageRows:
-    """Rows for an image after `text_ids` (starting with ``<bos>``); the uncond row replaces every
-    text token after ``<bos>`` with ``<cfg>``."""
+def image_rows(
+    tokens: SpecialTokens, text_ids: list[int], ratio_index: int, height: int, width: int, cfg: bool, blank: list[bool] | None = None,
+) -> ImageRows:
+    """Rows for an image after `text_ids` (starting with ``<bos>``); the uncond row replaces the
+    tokens `blank` marks with ``<cfg>`` (unset: every one after ``<bos>``, the ``pretrain`` rule)."""
     if not 0 <= ratio_index < len(tokens.ratios):
         raise ValueError(f"ratio index {ratio_index} is outside 0..{len(tokens.ratios) - 1}")
+    if blank is None:
+        blank = [False] + [True] * (len(text_ids) - 1)
+    if len(blank) != len(text_ids):
+        raise ValueError(f"{len(blank)} blank marks for {len(text_ids)} tokens")
     image_head = [tokens.boi, tokens.size, tokens.ratios[ratio_index]]
     prefixes = [[*text_ids, *image_head]]
     if cfg:
-        prefixes.append([text_ids[0], *([tokens.cfg] * (len(text_ids) - 1)), *image_head])
+        prefixes.append([tokens.cfg if out else t for t, out in zip(text_ids, blank)] + image_head)
     suffix = [tokens.timestep, *([tokens.image] * (height * width)), tokens.eoi]
     prefix = torch.tensor(prefixes, dtype=torch.long)
     rows = torch.tensor([p + suffix for p in prefixes], dtype=torch.long)

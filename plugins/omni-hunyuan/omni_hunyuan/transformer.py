@@ -151,17 +151,23 @@ class HunyuanImage3(nn.Module):
         return logits, PrefixCache(caches, (start + seq,) * input_ids.shape[0])
 
     def prompt_forward(
-        self, embeds: torch.Tensor, positions: torch.Tensor, spans: tuple[tuple[int, int], ...] = ()
+        self, embeds: torch.Tensor, positions: torch.Tensor, spans: tuple[tuple[int, int], ...] = (), last: bool = False,
     ) -> tuple[torch.Tensor, PrefixCache]:
         """fp32 logits ``[1, S, vocab]`` of one prompt given as embeddings ``[1, S, hidden]`` and (y, x)
         `positions` ``[1, S, 2]``: causal, but each of `spans` ([start, end)) attends both ways within
-        itself (a conditioning image's block, `omni_hunyuan.understanding`)."""
+        itself (a conditioning image's block, `omni_hunyuan.understanding`). `last`: the last token's only."""
         seq = embeds.shape[1]
-        mask = self._causal_mask(seq, 0, embeds.device)[0, 0].clone()
+        hidden, caches = self._run(embeds, positions, self._span_mask(seq, spans, embeds.device), None)
+        if last:
+            hidden = hidden[:, -1:]
+        return self.lm_head(self.model.ln_f(hidden)).float(), PrefixCache(caches, (seq,))
+
+    def _span_mask(self, seq: int, spans: tuple[tuple[int, int], ...], device: torch.device) -> torch.Tensor:
+        """Causal, but each of `spans` ([start, end)) attends both ways within itself."""
+        mask = self._causal_mask(seq, 0, device)[0, 0].clone()
         for start, end in spans:
             mask[start:end, start:end] = True
-        hidden, caches = self._run(embeds, positions, mask[None, None], None)
-        return self.lm_head(self.model.ln_f(hidden)).float(), PrefixCache(caches, (seq,))
+        return mask[None, None]
 
     @torch.no_grad()
     def greedy(
@@ -197,6 +203,14 @@ class HunyuanImage3(nn.Module):
         mask = self._causal_mask(seq, start, prefix_ids.device)
         _, caches = self._run(self.model.wte(prefix_ids), positions, mask, past)
         return PrefixCache(caches, (start + seq,) * prefix_ids.shape[0])
+
+    @torch.no_grad()
+    def encode_prompt_prefix(self, embeds: torch.Tensor, positions: torch.Tensor, spans: tuple[tuple[int, int], ...] = ()) -> PrefixCache:
+        """`encode_prefix` of rows given as embeddings ``[B, L, hidden]`` that share (y, x) `positions`
+        ``[L, 2]`` and two-way `spans` (input images' blocks: `omni_hunyuan.understanding.layout`)."""
+        seq = embeds.shape[1]
+        _, caches = self._run(embeds, positions[None], self._span_mask(seq, spans, embeds.device), None)
+        return PrefixCache(caches, (seq,) * embeds.shape[0])
 
     def velocity(
         self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor, cache_rows: list[Any] | None = None,

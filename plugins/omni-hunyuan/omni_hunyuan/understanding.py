@@ -147,15 +147,11 @@ class BlockShape:
 
 
 def i2t_prompt_ids(tokenizer: Any, tokens: SpecialTokens, prompt: str, images: int, system: str | None = None) -> list[int]:
-    """The Instruct template with images: ``<bos>{system}\\n\\nUser: <img>*n{prompt}\\n\\nAssistant: `` (the
-    pieces tokenized separately; each ``<img>`` becomes an image block)."""
-    ids = [tokens.bos]
-    if system:
-        ids += tokenizer.encode(f"{system.strip()}\n\n", add_special_tokens=False)
-    ids += tokenizer.encode("User: ", add_special_tokens=False)
-    ids += [tokens.image] * images
-    ids += tokenizer.encode(f"{prompt}\n\nAssistant: ", add_special_tokens=False)
-    return ids
+    """The Instruct template with images: ``<bos>{system}\n\nUser: <img>*n{prompt}\n\nAssistant: `` (each
+    piece tokenized on its own, `omni_hunyuan.prompt.instruct_text`; each ``<img>`` becomes an image block)."""
+    from omni_hunyuan.prompt import instruct_text
+
+    return instruct_text(tokenizer, tokens, prompt, system=system, images=images).ids
 
 
 class Aligner(nn.Module):
@@ -226,12 +222,13 @@ class ImageEncoder(nn.Module):
         return self.timestep_emb(torch.zeros(1, device=self.patch_embed.model[0].weight.device))[0].to(self.dtype)
 
     @torch.no_grad()
-    def embed(self, image: CondImage, separator: torch.Tensor, seed: int = 0) -> torch.Tensor:
-        """``[slots, hidden]``: VAE tokens, `separator` (``<joint_img_sep>``'s word embedding), ViT tokens."""
+    def embed(self, image: CondImage, separator: torch.Tensor, seed: int | torch.Generator = 0) -> torch.Tensor:
+        """``[slots, hidden]``: VAE tokens, `separator` (``<joint_img_sep>``'s word embedding), ViT tokens.
+        The VAE latent is a sample drawn from `seed` (a generator: the next draw of it)."""
         device = self.patch_embed.model[0].weight.device
         vae = self.vae.config
         pixels = image.vae_pixels.to(device=device, dtype=torch.float32)[None, :, None]  # [1, 3, T=1, H, W]
-        generator = torch.Generator(device).manual_seed(seed)
+        generator = seed if isinstance(seed, torch.Generator) else torch.Generator(device).manual_seed(seed)
         latents = self.vae.encode(pixels).latent_dist.sample(generator)[:, :, 0]
         if self.config.vae.get("shift_factor"):
             latents = latents - float(self.config.vae["shift_factor"])
@@ -260,9 +257,11 @@ class Prompt:
 
 
 def layout(
-    ids: list[int], images: list[CondImage], tokens: SpecialTokens, wte: nn.Embedding, encoder: ImageEncoder, seed: int = 0
+    ids: list[int], images: list[CondImage], tokens: SpecialTokens, wte: nn.Embedding, encoder: ImageEncoder,
+    seed: int | torch.Generator = 0,
 ) -> Prompt:
-    """Replace each ``<img>`` of `ids` (one per image, in order) by its block, embedded."""
+    """Replace each ``<img>`` of `ids` (one per image, in order) by its block, embedded (the VAE
+    latents: each a sample seeded with `seed`, or, given a generator, its next draws in order)."""
     placeholders = [i for i, t in enumerate(ids) if t == tokens.image]
     if len(placeholders) != len(images):
         raise ValueError(f"the prompt has {len(placeholders)} <img> placeholders for {len(images)} images")

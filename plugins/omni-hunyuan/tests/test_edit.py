@@ -1,0 +1,233 @@
+"""Image editing (``it2i``) and the ``instruct`` template's rows, on an Instruct copy of the tiny checkpoint.
+
+The reference here is the release's whole sequence run at every step (`_whole_sequence_velocity`):
+``<bos> "User: " <input image block> prompt "\\n\\n" "Assistant: " <answer> <boi> <img_size> <img_ratio>
+<timestep> <img>*(h*w) <eoi>``, one causal forward in which the input image's block and the drawn image
+each attend both ways, with 2-D positions, and the uncond row blanking only the prompt. The ``dit``
+stage instead encodes the prefix once and runs the drawn image over its keys/values; both must give the
+same image. The input image's VAE latent and then the starting noise come from one generator seeded
+with the request's seed, as the release draws them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omni_core.config import resolve
+from omni_core.engine.request import OmniRequest
+from omni_core.errors import InvalidRequestError
+from omni_core.outputs import StageInput
+from omni_core.stages.diffusion import DiffusionStageRuntime
+
+PROMPT = "Make the sky purple"
+
+
+@pytest.fixture(scope="module")
+def instruct(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint with ``sequence_template: instruct`` (the weights linked, not copied)."""
+    directory = tmp_path_factory.mktemp("hunyuan-instruct")
+    for item in checkpoint.iterdir():
+        (directory / item.name).symlink_to(item, target_is_directory=item.is_dir())
+    config = json.loads((checkpoint / "generation_config.json").read_text())
+    (directory / "generation_config.json").unlink()
+    (directory / "generation_config.json").write_text(json.dumps({**config, "sequence_template": "instruct"}))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _runtime(path: Path) -> Any:
+    import attrs
+
+    pipeline = resolve(str(path), overrides=("dit.placement=inline", "dit.share_model_with=", "dit.dtype=float32"))
+    stage = pipeline.stage("dit")
+    runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
+    runtime.load()
+    return runtime
+
+
+@pytest.fixture(scope="module")
+def runtime(instruct: Path) -> Any:
+    runtime = _runtime(instruct)
+    yield runtime
+    runtime.close()
+
+
+def _photo(seed: int, size: tuple[int, int] = (96, 64)) -> Any:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def _finals(runtime: Any, requests: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    for request_id, (data, params) in requests.items():
+        runtime.add_request(request_id, StageInput(data=data, params=params))
+    finals: dict[str, dict[str, Any]] = {}
+    while runtime.has_unfinished():
+        for chunk in runtime.step():
+            if chunk.final:
+                finals[chunk.request_id] = chunk.data
+    return finals
+
+
+def _whole_sequence_velocity(
+    model: Any, prefix_embeds: torch.Tensor, prefix_positions: torch.Tensor, spans: tuple[tuple[int, int], ...],
+    latents: torch.Tensor, t: torch.Tensor, eoi: torch.Tensor,
+) -> torch.Tensor:
+    """Velocity ``[rows, C, h, w]`` from one forward over each row's whole sequence (no cache)."""
+    from omni_hunyuan.rope import image_positions, text_positions
+
+    rows, length, _ = prefix_embeds.shape
+    _, _, h, w = latents.shape
+    step = model.timestep_emb(t)[:, None].expand(rows, 1, -1)
+    image = model.patch_embed(latents, model.time_embed(t)).expand(rows, -1, -1)
+    embeds = torch.cat([prefix_embeds, step, image, eoi[None, None].expand(rows, 1, -1)], dim=1)
+    positions = torch.cat([prefix_positions, text_positions(length, 1), image_positions(length + 1, h, w), text_positions(length + 1 + h * w, 1)])
+    seq = embeds.shape[1]
+    mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+    for start, end in (*spans, (length + 1, length + 1 + h * w)):
+        mask[start:end, start:end] = True
+    hidden, _ = model._run(embeds, positions[None], mask[None, None], None)
+    return model.final_layer(hidden[:, length + 1 : length + 1 + h * w], model.time_embed_2(t), h, w)
+
+
+def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+    from omni_hunyuan.config import HunyuanConfig, generation_defaults
+    from omni_hunyuan.resolution import ratio_sizes
+    from omni_hunyuan.sampler import flow_sigmas
+    from omni_hunyuan.understanding import ImageEncoder, layout, preprocess
+    from omni_hunyuan.vae import decode_latents
+
+    config = HunyuanConfig.from_pretrained(instruct)
+    defaults = generation_defaults(instruct)
+    photo, seed, steps = _photo(1), 11, 2
+    image = _finals(runtime, {"edit": ({"prompt": PROMPT, "images": [photo]}, {"seed": seed, "num_inference_steps": steps, "size": (64, 64)})})["edit"]["image"]
+
+    ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((64, 64))
+    side = 64 // config.vae_downsample
+
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    prompt = enc(PROMPT)
+    head = [tokens.bos, *enc("User: "), tokens.image]  # the block replaces <img>
+    tail = [*enc("\n\n"), *enc("Assistant: "), tokens.answer, tokens.boi, tokens.size, tokens.ratios[ratio]]
+    cond_ids = head + prompt + tail
+    uncond_ids = head + [tokens.cfg] * len(prompt) + tail  # the prompt blanked; the scaffolding and the image kept
+    encoder = ImageEncoder.from_pretrained(instruct)
+    cond_image = preprocess(photo, config, len(tokens.ratios))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        cond = layout(cond_ids, [cond_image], tokens, model.model.wte, encoder, generator)  # (draws the VAE latent)
+        latents = torch.randn((1, config.latent_channels, side, side), generator=generator, dtype=torch.bfloat16).float()
+        uncond = layout(uncond_ids, [cond_image], tokens, model.model.wte, encoder, torch.Generator().manual_seed(seed))
+        assert cond.spans == uncond.spans and torch.equal(cond.positions, uncond.positions)
+        embeds = torch.cat([cond.embeds[None], uncond.embeds[None]])
+        eoi = model.model.wte(torch.tensor(tokens.eoi))
+        sigmas = flow_sigmas(steps, float(defaults["flow_shift"]))
+        guidance = float(defaults["diff_guidance_scale"])
+        for step in range(steps):
+            t = sigmas[step][None] * 1000
+            v_cond, v_uncond = _whole_sequence_velocity(model, embeds, cond.positions, cond.spans, latents, t, eoi).chunk(2)
+            latents = latents + (v_uncond + guidance * (v_cond - v_uncond)) * (sigmas[step + 1] - sigmas[step])
+    expected = decode_latents(decoder, latents, config.vae)[0].numpy()
+    assert image.shape == expected.shape == (64, 64, 3)
+    assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_the_input_image_and_its_place_matter(runtime: Any) -> None:
+    """Another input image, or none (t2i in the instruct template), draws another image; the same
+    request twice draws the same; the model picks a ratio when no size is given."""
+    params = {"seed": 3, "num_inference_steps": 2, "size": (64, 64)}
+    finals = _finals(runtime, {
+        "a": ({"prompt": PROMPT, "images": [_photo(1)]}, params),
+        "a again": ({"prompt": PROMPT, "images": [_photo(1)]}, params),
+        "b": ({"prompt": PROMPT, "images": [_photo(2)]}, params),
+        "none": ({"prompt": PROMPT}, params),
+        "two": ({"prompt": PROMPT, "images": [_photo(1), _photo(2, (64, 96))]}, params),
+        "auto": ({"prompt": PROMPT, "images": [_photo(1)]}, {"seed": 3, "num_inference_steps": 2}),
+    })
+    images = {name: data["image"] for name, data in finals.items()}
+    assert np.array_equal(images["a"], images["a again"])
+    for other in ("b", "none", "two"):
+        assert not np.array_equal(images["a"], images[other]), other
+    assert images["auto"].ndim == 3 and images["auto"].shape[2] == 3
+    # usage: the input image's block counts among the prompt's tokens
+    assert len(finals["a"]["prompt_token_ids"]) > len(finals["none"]["prompt_token_ids"]) + 64 // 16 * 96 // 16
+
+
+def test_instruct_t2i_rows_blank_only_the_prompt(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+    """t2i on an Instruct checkpoint: the release's chat template, its uncond row keeping the scaffolding."""
+    from omni_hunyuan.config import HunyuanConfig, generation_defaults
+    from omni_hunyuan.prompt import image_rows
+    from omni_hunyuan.resolution import ratio_sizes
+    from omni_hunyuan.sampler import initial_noise, sample_t2i
+    from omni_hunyuan.vae import decode_latents
+
+    config = HunyuanConfig.from_pretrained(instruct)
+    defaults = generation_defaults(instruct)
+    image = _finals(runtime, {"t2i": ({"prompt": PROMPT, "system": "Be vivid."}, {"seed": 4, "num_inference_steps": 2, "size": (64, 64)})})["t2i"]["image"]
+
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    system, prompt = [tokens.bos, *enc("Be vivid."), *enc("\n\n"), *enc("User: ")], enc(PROMPT)
+    tail = [*enc("\n\n"), *enc("Assistant: "), tokens.answer]
+    blank = [False] * len(system) + [True] * len(prompt) + [False] * len(tail)
+    ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((64, 64))
+    rows = image_rows(tokens, system + prompt + tail, ratio, 4, 4, cfg=True, blank=blank)
+    assert rows.prefix[1].tolist() == [*system, *[tokens.cfg] * len(prompt), *tail, tokens.boi, tokens.size, tokens.ratios[ratio]]
+    latents = sample_t2i(model, rows.prefix, initial_noise(4, config.latent_channels, 4, 4), 2, float(defaults["diff_guidance_scale"]), float(defaults["flow_shift"]))
+    expected = decode_latents(decoder, latents, config.vae)[0].numpy()
+    assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_edits_are_refused_where_they_cannot_run(checkpoint: Path, runtime: Any) -> None:
+    """A base (``pretrain``) checkpoint has no template for an input image; ``<img>`` typed in a prompt
+    would be taken for an image's place."""
+    base = _runtime(checkpoint)
+    try:
+        with pytest.raises(InvalidRequestError, match="Instruct checkpoint"):
+            base.add_request("x", StageInput(data={"prompt": PROMPT, "images": [_photo(1)]}, params={"seed": 1}))
+    finally:
+        base.close()
+    with pytest.raises(InvalidRequestError, match="<img>"):
+        runtime.add_request("y", StageInput(data={"prompt": "put <img> here", "images": [_photo(1)]}, params={"seed": 1}))
+
+
+def test_the_input_processor_routes_images_by_modality(instruct: Path) -> None:
+    """``modalities: ["image"]`` with an image in the message edits it (it2i, the dit alone); with
+    ``["text"]`` it is read (i2t); reasoning before an edit is refused naming both."""
+    import base64
+    import io
+
+    from omni_hunyuan.pipeline import HunyuanInputProcessor
+
+    from omni_core.parts import PartContext
+
+    buffer = io.BytesIO()
+    _photo(1).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    messages = [
+        {"role": "system", "content": "Be vivid."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}]},
+    ]
+    processor = HunyuanInputProcessor(PartContext(resolve(str(instruct))))
+    processor.load()
+    edit = processor.process(OmniRequest(messages=messages, task="t2i", params={}, extra={"seed": 2}))
+    assert list(edit) == ["dit"]
+    data = edit["dit"].data
+    assert data["prompt"] == PROMPT and data["system"] == "Be vivid." and len(data["images"]) == 1 and data["seed"] == 2
+    read = processor.process(OmniRequest(messages=messages, task="i2t", params={}))
+    assert list(read) == ["ar"] and len(read["ar"].data["images"]) == 1
+    with pytest.raises(InvalidRequestError, match="it2i"):
+        processor.process(OmniRequest(messages=messages, task="think_t2i", params={}))
+    with pytest.raises(InvalidRequestError, match="needs an image"):
+        processor.process(OmniRequest(prompt=PROMPT, task="it2i", params={}))
