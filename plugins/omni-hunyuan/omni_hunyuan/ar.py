@@ -71,16 +71,17 @@ class HunyuanAR(ARModel):
 
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
         data = stage_input.data
-        if data.get("images"):
-            from omni_hunyuan.understanding import i2t_prompt_ids
-
-            ids = i2t_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], len(data["images"]), data.get("system"))
-            return {"prompt_token_ids": ids, "multi_modal_data": {"image": list(data["images"])}}
+        images = list(data.get("images") or ())
         if isinstance(data.get("prompt"), str) and data.get("bot_task") is not None:
             from omni_hunyuan.prompt import instruct_prompt_ids
 
-            ids = instruct_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], data["bot_task"], data.get("system"))
-            return {"prompt_token_ids": ids}
+            ids = instruct_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], data["bot_task"], data.get("system"), len(images))
+            return {"prompt_token_ids": ids, **({"multi_modal_data": {"image": images}} if images else {})}
+        if images:
+            from omni_hunyuan.understanding import i2t_prompt_ids
+
+            ids = i2t_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], len(images), data.get("system"))
+            return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
         if isinstance(data.get("prompt"), str) and data.get("prompt_token_ids") is None:
             ids = self.hf_tokenizer.encode(data["prompt"], add_special_tokens=False)
             return {"prompt_token_ids": [int(self.hf_tokenizer.bos_token_id), *ids]}

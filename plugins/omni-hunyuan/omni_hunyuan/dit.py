@@ -35,7 +35,7 @@ from omni_core.engine.params import int_param, number_param
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
-from omni_hunyuan.pipeline import PROMPT_BLANK_PARAM
+from omni_hunyuan.pipeline import EDIT_IMAGES_PARAM, PROMPT_BLANK_PARAM
 from omni_hunyuan.prompt import Text, image_rows, instruct_text, reasoned_text, t2i_text
 from omni_hunyuan.resolution import drawable, ratio_index, ratio_sizes
 from omni_hunyuan.sampler import flow_sigmas, initial_noise
@@ -118,7 +118,9 @@ class HunyuanDiT(DiffusionModel):
         return params.get(key, data.get(key, default))
 
     def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
-        text, picked = self._text(data, params)
+        images = data.get("images") or params.get(EDIT_IMAGES_PARAM) or []
+        conds = self._conditions(images) if images else []
+        text, picked = self._text(data, params, conds)
         text_ids = text.ids
         steps = int_param(self._param(data, params, "num_inference_steps", int(self.defaults.get("diff_infer_steps", 50))), "num_inference_steps")
         if not 1 <= steps <= self.max_steps:
@@ -132,8 +134,8 @@ class HunyuanDiT(DiffusionModel):
         if not 1 <= n <= MAX_N:
             raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
         size = self._param(data, params, "size", None)
-        if data.get("images"):
-            return self._prepare_edit(request_id, data, text, size, steps, guidance, seed, n)
+        if conds:
+            return self._prepare_edit(request_id, text, conds, size, picked, steps, guidance, seed, n)
         ratio = picked if size is None and picked is not None else self._ratio(size, text_ids)
         width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
         side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
@@ -153,22 +155,50 @@ class HunyuanDiT(DiffusionModel):
             for index in range(n)
         ]
 
+    def _conditions(self, images: list[Any]) -> list[Any]:
+        """The input images preprocessed for their blocks (`omni_hunyuan.understanding.CondImage`)."""
+        from omni_hunyuan.understanding import preprocess
+
+        if self.template != "instruct":
+            raise InvalidRequestError(
+                "image editing (it2i) needs an Instruct checkpoint (generation_config.json sequence_template: instruct); "
+                f"this one's is {self.template!r}", param="messages",
+            )
+        try:
+            return [preprocess(image, self.config, self.num_ratios, self._vit_processor) for image in images]
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"cannot read the input image: {exc}", param="messages") from None
+
+    def _collapse(self, ids: list[int], conds: list[Any]) -> list[int]:
+        """The ``ar`` stage's prompt ids with each input image's block (as vLLM expanded it) back to
+        one ``<img>`` placeholder, as `layout` takes them."""
+        blocks = [cond.shape.ids(self.tokens) for cond in conds]
+        out: list[int] = []
+        index = found = 0
+        while index < len(ids):
+            block = blocks[found] if found < len(blocks) else None
+            if block is not None and ids[index : index + len(block)] == block:
+                out.append(self.tokens.image)
+                index, found = index + len(block), found + 1
+            else:
+                out.append(ids[index])
+                index += 1
+        if out.count(self.tokens.image) != len(conds):
+            raise ValueError(f"the ar stage's prompt holds {out.count(self.tokens.image)} image blocks for {len(conds)} images")
+        return out
+
     def _prepare_edit(
-        self, request_id: str, data: dict[str, Any], text: Text, size: Any, steps: int, guidance: float, seed: int, n: int,
+        self, request_id: str, text: Text, conds: list[Any], size: Any, picked: int | None, steps: int, guidance: float, seed: int, n: int,
     ) -> list[DiffusionSample]:
         """it2i: the input images' blocks (`omni_hunyuan.understanding.layout`) in both CFG rows (the
         uncond row blanks the prompt, not the images). As the release draws them, one generator seeded
         with a sample's seed draws each input image's VAE latent, then the starting noise: each sample
-        has its own prefix. Unset `size`: the model picks the ratio after the images and the prompt."""
-        from omni_hunyuan.understanding import layout, preprocess
+        has its own prefix. The ratio: `size`'s, else the one the ``ar`` stage picked, else the model
+        picks it after the images and the prompt."""
+        from omni_hunyuan.understanding import layout
 
-        images = data["images"]
-        if text.ids.count(self.tokens.image) != len(images):
+        if text.ids.count(self.tokens.image) != len(conds):
             raise InvalidRequestError("the prompt may not contain the image placeholder token <img>", param="prompt")
-        try:
-            conds = [preprocess(image, self.config, self.num_ratios, self._vit_processor) for image in images]
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"cannot read the input image: {exc}", param="messages") from None
         encoder = self._image_encoder
         wte = self.transformer.model.wte
         sigmas = flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device)
@@ -182,7 +212,7 @@ class HunyuanDiT(DiffusionModel):
             with torch.no_grad():
                 laid = layout([*text.ids, *head], conds, self.tokens, wte, encoder, generator)
                 if ratio is None:
-                    ratio = self._ratio(size, text.ids) if size is not None else self._pick_ratio_of(laid)
+                    ratio = self._ratio(size, text.ids) if size is not None else picked if picked is not None else self._pick_ratio_of(laid)
                     width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
                     side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
                 last = torch.tensor([self.tokens.ratios[ratio]], device=self.device)
@@ -233,27 +263,23 @@ class HunyuanDiT(DiffusionModel):
         same = next((i for i, (a, b) in enumerate(zip(computed, cond)) if a != b), min(len(computed), len(cond)))
         return rows[:same] if same > 0 else None
 
-    def _text(self, data: dict[str, Any], params: dict[str, Any]) -> tuple[Text, int | None]:
+    def _text(self, data: dict[str, Any], params: dict[str, Any], conds: list[Any]) -> tuple[Text, int | None]:
         """The text before the image and the ratio the ``ar`` stage picked (None: none picked):
         ``<bos> prompt`` (``pretrain`` t2i); the instruct template's ``... Assistant: <answer>``
-        (``instruct`` t2i; it2i with the input images' placeholders); or the ``ar`` stage's prompt,
-        reasoning and ``<answer>`` (think/recaption)."""
+        (``instruct`` t2i; it2i with the input images' placeholders); or the ``ar`` stage's prompt
+        (its image blocks back to placeholders), reasoning and ``<answer>`` (think/recaption)."""
         if data.get("prompt_token_ids") is not None:
             ids = list(data["prompt_token_ids"])
+            if conds:
+                ids = self._collapse(ids, conds)
             blank = params.get(PROMPT_BLANK_PARAM)
             prompt = Text(ids, [bool(b) for b in blank]) if blank is not None and len(blank) == len(ids) else Text(ids, [False] + [True] * (len(ids) - 1))
             return reasoned_text(self.tokens, prompt, list(data.get("token_ids") or ()))
         prompt = data.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")
-        images = data.get("images") or []
-        if images and self.template != "instruct":
-            raise InvalidRequestError(
-                "image editing (it2i) needs an Instruct checkpoint (generation_config.json sequence_template: instruct); "
-                f"this one's is {self.template!r}", param="messages",
-            )
         if self.template == "instruct":
-            text = instruct_text(self.tokenizer, self.tokens, prompt, system=data.get("system"), images=len(images))
+            text = instruct_text(self.tokenizer, self.tokens, prompt, system=data.get("system"), images=len(conds))
             return text + Text.of([self.tokens.answer]), None
         return t2i_text(self.tokenizer, self.tokens, prompt), None
 

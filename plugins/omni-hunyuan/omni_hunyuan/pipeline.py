@@ -15,6 +15,7 @@ names one):
 | ``t2t`` | ar | text |
 | ``t2i`` | dit (the request's prompt) | image |
 | ``it2i`` | dit (the prompt after the message's images: editing; Instruct checkpoints) | image, with images |
+| ``think_it2i`` / ``recaption_it2i`` | ar -> dit: reasoning over the images, then the edit | text, image, with images |
 | ``think_t2i`` | ar -> dit: ``<think>`` reasoning and the ratio step, then the image after it | text, image |
 | ``recaption_t2i`` | ar -> dit: ``<recaption>`` rewritten prompt, then the image | text, image |
 
@@ -44,9 +45,11 @@ STAGE = "dit"
 AR_STAGE = "ar"
 DEFAULT_DEPLOY = "omni_hunyuan:deploy/default.yaml"
 EXTRA_FIELDS = ("size", "seed", "n")
-REASONING = {"think_t2i": "think", "recaption_t2i": "recaption"}  # task -> the ar stage's bot_task
+REASONING = {"think_t2i": "think", "recaption_t2i": "recaption", "think_it2i": "think", "recaption_it2i": "recaption"}  # task -> the ar stage's bot_task
 MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
+EDIT_IMAGES_PARAM = "edit_images"
+"""The same, after reasoning over input images: the images (the ``ar`` stage hands the ``dit`` token ids only)."""
 PROMPT_BLANK_PARAM = "prompt_blank"
 """The ``dit`` stage's parameter for think/recaption-then-draw, set here (never by users): which of the
 ``ar`` stage's prompt tokens the uncond row blanks (`omni_hunyuan.prompt.Text.blank`)."""
@@ -58,6 +61,8 @@ TASKS = (
     TaskSpec("i2t", (AR_STAGE,), ("text",), "image(s) and text -> text on vLLM"),
     TaskSpec("think_t2i", (AR_STAGE, STAGE), ("text", "image"), "think, then draw after the reasoning"),
     TaskSpec("recaption_t2i", (AR_STAGE, STAGE), ("text", "image"), "rewrite the prompt, then draw after it"),
+    TaskSpec("think_it2i", (AR_STAGE, STAGE), ("text", "image"), "think over the message's images, then edit them"),
+    TaskSpec("recaption_it2i", (AR_STAGE, STAGE), ("text", "image"), "rewrite the edit's prompt over its images, then edit"),
 )
 
 
@@ -130,21 +135,16 @@ class HunyuanInputProcessor(InputProcessor):
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 dit[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
-        if request.task in ("i2t", "it2i") and not images:
+        if request.task in ("i2t", "it2i", "think_it2i", "recaption_it2i") and not images:
             raise InvalidRequestError(f"task {request.task!r} needs an image (an image_url part in the user message)", param="messages")
         system = system_text(request.messages)
         if request.task in ("t2t", "i2t"):
             data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system} if images else {"prompt": prompt}
             return {AR_STAGE: StageInput(data=data, final=True)}
-        if images and request.task in ("t2i", "it2i") and self.template != "instruct":
+        if images and self.template != "instruct":
             raise InvalidRequestError(
                 "image editing (it2i) needs an Instruct checkpoint (generation_config.json sequence_template: instruct); "
                 f"this one's is {self.template!r}", param="messages",
-            )
-        if images and request.task not in ("t2i", "it2i"):
-            raise InvalidRequestError(
-                f"task {request.task!r} takes no image (reasoning before an edit is not implemented); "
-                'with "modalities": ["image"] the image is edited (it2i), with ["text"] it is read (i2t)', param="messages",
             )
         asked = request.params.get(AR_STAGE, {})
         if asked.get("structured_outputs") is not None:  # (chat's response_format, or vLLM's own field)
@@ -167,15 +167,19 @@ class HunyuanInputProcessor(InputProcessor):
         ar_params: dict[str, Any] = {"max_tokens": budget + 2 + len(forced)}
         ar_params["stop_token_ids"] = [*asked.get("stop_token_ids", ()), *self.ratio_ids]
         ar_params[RATIO_TAIL_PARAM] = tail
-        if reuse:
-            ar_params[PREFIX_KV_PARAM] = True  # its keys/values come along for the dit stage
+        if reuse and not images:
+            # Its keys/values come along for the dit stage. (Not after reasoning over input images: the
+            # image pass draws their VAE latents anew from the request's seed, as the release does.)
+            ar_params[PREFIX_KV_PARAM] = True
         # The ar stage's prompt (`HunyuanAR.make_prompt`, the same builder): the dit's uncond row blanks its prompt tokens.
         from omni_hunyuan.prompt import reasoning_prompt
 
-        blank = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system).blank
+        blank = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system, images=len(images)).blank
+        ar_data: dict[str, Any] = {"prompt": prompt, "bot_task": bot_task, "system": system, **({"images": images} if images else {})}
+        dit_params = {**dit, PROMPT_BLANK_PARAM: blank, **({EDIT_IMAGES_PARAM: images} if images else {})}
         return {
-            AR_STAGE: StageInput(data={"prompt": prompt, "bot_task": bot_task, "system": system}, final=True, params=ar_params),
-            STAGE: StageInput(data={}, params={**dit, PROMPT_BLANK_PARAM: blank}),  # its text comes from ar (ReasoningAdapter)
+            AR_STAGE: StageInput(data=ar_data, final=True, params=ar_params),
+            STAGE: StageInput(data={}, params=dit_params),  # its text comes from ar (ReasoningAdapter)
         }
 
 

@@ -90,15 +90,20 @@ def t2i_rows(
     return image_rows(tokens, text.ids, ratio_index, height, width, cfg, blank=text.blank)
 
 
-def instruct_prompt_ids(tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None) -> list[int]:
-    """The ``ar`` stage's prompt for `bot_task` ``think`` (``... Assistant: <think>``) or ``recaption``."""
-    return reasoning_prompt(tokenizer, tokens, prompt, bot_task, system).ids
+def instruct_prompt_ids(
+    tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None, images: int = 0,
+) -> list[int]:
+    """The ``ar`` stage's prompt for `bot_task` ``think`` (``... Assistant: <think>``) or ``recaption``
+    (with `images` ``<img>`` placeholders before the prompt: reasoning before an edit)."""
+    return reasoning_prompt(tokenizer, tokens, prompt, bot_task, system, images).ids
 
 
-def reasoning_prompt(tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None) -> Text:
+def reasoning_prompt(
+    tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None, images: int = 0,
+) -> Text:
     """`instruct_prompt_ids` with its blank marks (the prompt's tokens)."""
     opener = {"think": tokens.think, "recaption": tokens.recaption}[bot_task]
-    return instruct_text(tokenizer, tokens, prompt, system=system, opener=opener)
+    return instruct_text(tokenizer, tokens, prompt, system=system, images=images, opener=opener)
 
 
 def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int]) -> tuple[Text, int | None]:

@@ -98,36 +98,27 @@ def _whole_sequence_velocity(
     return model.final_layer(hidden[:, length + 1 : length + 1 + h * w], model.time_embed_2(t), h, w)
 
 
-def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+def _reference(
+    instruct: Path, model: Any, decoder: Any, tokens: Any, cond_ids: list[int], uncond_ids: list[int], photos: list[Any],
+    seed: int, steps: int, size: tuple[int, int],
+) -> np.ndarray:
+    """The release's sampler over whole sequences: one generator seeded with `seed` draws the input
+    images' VAE latents, then the noise; both rows hold the same input images."""
     from omni_hunyuan.config import HunyuanConfig, generation_defaults
-    from omni_hunyuan.resolution import ratio_sizes
     from omni_hunyuan.sampler import flow_sigmas
     from omni_hunyuan.understanding import ImageEncoder, layout, preprocess
     from omni_hunyuan.vae import decode_latents
 
     config = HunyuanConfig.from_pretrained(instruct)
     defaults = generation_defaults(instruct)
-    photo, seed, steps = _photo(1), 11, 2
-    image = _finals(runtime, {"edit": ({"prompt": PROMPT, "images": [photo]}, {"seed": seed, "num_inference_steps": steps, "size": (64, 64)})})["edit"]["image"]
-
-    ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((64, 64))
-    side = 64 // config.vae_downsample
-
-    def enc(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False)
-
-    prompt = enc(PROMPT)
-    head = [tokens.bos, *enc("User: "), tokens.image]  # the block replaces <img>
-    tail = [*enc("\n\n"), *enc("Assistant: "), tokens.answer, tokens.boi, tokens.size, tokens.ratios[ratio]]
-    cond_ids = head + prompt + tail
-    uncond_ids = head + [tokens.cfg] * len(prompt) + tail  # the prompt blanked; the scaffolding and the image kept
     encoder = ImageEncoder.from_pretrained(instruct)
-    cond_image = preprocess(photo, config, len(tokens.ratios))
+    conds = [preprocess(photo, config, len(tokens.ratios)) for photo in photos]
     generator = torch.Generator().manual_seed(seed)
+    h, w = size[1] // config.vae_downsample, size[0] // config.vae_downsample
     with torch.no_grad():
-        cond = layout(cond_ids, [cond_image], tokens, model.model.wte, encoder, generator)  # (draws the VAE latent)
-        latents = torch.randn((1, config.latent_channels, side, side), generator=generator, dtype=torch.bfloat16).float()
-        uncond = layout(uncond_ids, [cond_image], tokens, model.model.wte, encoder, torch.Generator().manual_seed(seed))
+        cond = layout(cond_ids, conds, tokens, model.model.wte, encoder, generator)  # (draws the VAE latents)
+        latents = torch.randn((1, config.latent_channels, h, w), generator=generator, dtype=torch.bfloat16).float()
+        uncond = layout(uncond_ids, conds, tokens, model.model.wte, encoder, torch.Generator().manual_seed(seed))
         assert cond.spans == uncond.spans and torch.equal(cond.positions, uncond.positions)
         embeds = torch.cat([cond.embeds[None], uncond.embeds[None]])
         eoi = model.model.wte(torch.tensor(tokens.eoi))
@@ -137,7 +128,28 @@ def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: P
             t = sigmas[step][None] * 1000
             v_cond, v_uncond = _whole_sequence_velocity(model, embeds, cond.positions, cond.spans, latents, t, eoi).chunk(2)
             latents = latents + (v_uncond + guidance * (v_cond - v_uncond)) * (sigmas[step + 1] - sigmas[step])
-    expected = decode_latents(decoder, latents, config.vae)[0].numpy()
+    return decode_latents(decoder, latents, config.vae)[0].numpy()
+
+
+def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.resolution import ratio_sizes
+
+    config = HunyuanConfig.from_pretrained(instruct)
+    photo, seed, steps = _photo(1), 11, 2
+    image = _finals(runtime, {"edit": ({"prompt": PROMPT, "images": [photo]}, {"seed": seed, "num_inference_steps": steps, "size": (64, 64)})})["edit"]["image"]
+
+    ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((64, 64))
+
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    prompt = enc(PROMPT)
+    head = [tokens.bos, *enc("User: "), tokens.image]  # the block replaces <img>
+    tail = [*enc("\n\n"), *enc("Assistant: "), tokens.answer, tokens.boi, tokens.size, tokens.ratios[ratio]]
+    cond_ids = head + prompt + tail
+    uncond_ids = head + [tokens.cfg] * len(prompt) + tail  # the prompt blanked; the scaffolding and the image kept
+    expected = _reference(instruct, model, decoder, tokens, cond_ids, uncond_ids, [photo], seed, steps, (64, 64))
     assert image.shape == expected.shape == (64, 64, 3)
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
 
@@ -204,7 +216,7 @@ def test_edits_are_refused_where_they_cannot_run(checkpoint: Path, runtime: Any)
 
 def test_the_input_processor_routes_images_by_modality(instruct: Path) -> None:
     """``modalities: ["image"]`` with an image in the message edits it (it2i, the dit alone); with
-    ``["text"]`` it is read (i2t); reasoning before an edit is refused naming both."""
+    ``["text"]`` it is read (i2t); with both the ar stage reasons over it first, and the dit gets it too."""
     import base64
     import io
 
@@ -227,7 +239,68 @@ def test_the_input_processor_routes_images_by_modality(instruct: Path) -> None:
     assert data["prompt"] == PROMPT and data["system"] == "Be vivid." and len(data["images"]) == 1 and data["seed"] == 2
     read = processor.process(OmniRequest(messages=messages, task="i2t", params={}))
     assert list(read) == ["ar"] and len(read["ar"].data["images"]) == 1
-    with pytest.raises(InvalidRequestError, match="it2i"):
-        processor.process(OmniRequest(messages=messages, task="think_t2i", params={}))
+    think = processor.process(OmniRequest(messages=messages, task="think_t2i", params={}))
+    assert len(think["ar"].data["images"]) == 1 and len(think["dit"].params["edit_images"]) == 1
+    assert "prefix_kv" not in think["ar"].params  # (the image pass draws the images' latents anew)
     with pytest.raises(InvalidRequestError, match="needs an image"):
         processor.process(OmniRequest(prompt=PROMPT, task="it2i", params={}))
+
+
+@pytest.fixture(scope="module")
+def omni(instruct: Path) -> Any:
+    from omni_core.engine.offline import Omni
+
+    deploy = {"stages": {"ar": {"placement": "inline", "options": {"max_model_len": 256}}, "dit": {"placement": "inline", "share_model_with": "ar"}}}
+    with Omni(resolve(str(instruct), deploy=deploy)) as engine:
+        yield engine
+
+
+@pytest.mark.vllm
+def test_reasoning_over_an_image_then_editing_it(omni: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+    """An Instruct checkpoint's default (``text`` + ``image``) with an image in the message: the ar
+    stage (vLLM) thinks with the image's block in its prompt, then its ratio step; the dit draws after
+    the prompt, image and reasoning at that ratio, equal to the release's whole sequences (the uncond
+    row blanking the prompt and the reasoning, keeping the image and the tags)."""
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.prompt import instruct_prompt_ids
+    from omni_hunyuan.resolution import drawable, ratio_sizes
+    from omni_hunyuan.understanding import ImageEncoder, layout, preprocess
+
+    photo = _photo(5)
+    messages = [{"role": "user", "content": [{"type": "image", "image": photo}, {"type": "text", "text": PROMPT}]}]
+    request = OmniRequest(messages=messages, params={"ar": {"max_tokens": 4}, "dit": {"num_inference_steps": 2}}, extra={"seed": 6})
+    result = omni.generate(request)[0]
+    assert request.task == "think_t2i" and len(result.images) == 1 and result.text is not None
+
+    config = HunyuanConfig.from_pretrained(instruct)
+    encoder = ImageEncoder.from_pretrained(instruct)
+    prompt_ids = instruct_prompt_ids(tokenizer, tokens, PROMPT, "think", images=1)
+    laid = layout(prompt_ids, [preprocess(photo, config, len(tokens.ratios))], tokens, model.model.wte, encoder)
+    assert result.prompt_token_ids == laid.ids
+    # The reasoning: greedy over that layout (ratio tokens end the ratio step only), closed at the budget.
+    allowed = drawable(config.image_base_size, len(tokens.ratios), config.vae_downsample)
+    generated: list[int] = []
+    with torch.no_grad():
+        logits, cache = model.prompt_forward(laid.embeds[None], laid.positions[None], laid.spans)
+        while len(generated) < 4 and tokens.end_think not in generated:
+            row = logits[0, -1].clone()
+            row[[tokens.ratios[i] for i in allowed]] = float("-inf")
+            generated.append(int(row.argmax()))
+            logits, cache = model.text_forward(torch.tensor([generated[-1:]]), cache)
+    reasoning = [t for t in generated if t != tokens.end_think]
+    assert result.token_ids[: len(reasoning) + 4] == [*reasoning, tokens.end_think, tokens.answer, tokens.boi, tokens.size]
+    ratio = tokens.ratios.index(result.token_ids[-1])
+    size = ratio_sizes(config.image_base_size, len(tokens.ratios))[ratio]
+
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    head, prompt = [tokens.bos, *enc("User: "), tokens.image], enc(PROMPT)
+    middle = [*enc("\n\n"), *enc("Assistant: "), tokens.think]
+    tail = [tokens.end_think, tokens.answer, tokens.boi, tokens.size, tokens.ratios[ratio]]
+    cond_ids = head + prompt + middle + reasoning + tail
+    uncond_ids = head + [tokens.cfg] * len(prompt) + middle + [tokens.cfg] * len(reasoning) + tail
+    expected = _reference(instruct, model, decoder, tokens, cond_ids, uncond_ids, [photo], 6, 2, size)
+    image = np.asarray(result.images[0])
+    assert image.shape == expected.shape == (size[1], size[0], 3)
+    assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
