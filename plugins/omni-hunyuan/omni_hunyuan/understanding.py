@@ -4,8 +4,9 @@ One image becomes, where its ``<img>`` placeholder stood in the prompt::
 
     <boi> <img_size_B> <img_ratio_k> <timestep> <img>*(h_v*w_v) <joint_img_sep> <img>*P <eoi>
 
-- the VAE slots: the image stretched (Lanczos) to the size of the resolution table whose height/width
-  ratio is nearest its own (``<img_ratio_k>``), mapped to [-1, 1], VAE-encoded (a sample of the
+- the VAE slots: the image scaled (Lanczos) to cover the size of the resolution table whose
+  height/width ratio is nearest its own (``<img_ratio_k>``) and centre-cropped to it (`cover_crop`: the
+  release's default), mapped to [-1, 1], VAE-encoded (a sample of the
   latent distribution, seeded: ``seed``), shifted and scaled, then `UNetDown` (``patch_embed``) at
   timestep 0; ``h_v x w_v`` latent tokens, row-major;
 - ``<timestep>``: ``timestep_emb(0)``; ``<joint_img_sep>``: its word embedding;
@@ -79,6 +80,19 @@ def vae_bucket(width: int, height: int, config: HunyuanConfig, num_ratios: int) 
     return min(valid, key=lambda i: abs(sizes[i][1] / sizes[i][0] - height / width))
 
 
+def cover_crop(image: Any, width: int, height: int) -> Any:
+    """`image` scaled (Lanczos) to cover ``width x height`` with its aspect ratio kept, then its centre
+    cut out (offsets rounded half to even, as Python rounds): the release's default for an input image's VAE branch."""
+    from PIL import Image
+
+    if image.height / image.width < height / width:  # wider than the target: match heights
+        scaled = (int(round(height / image.height * image.width)), height)
+    else:
+        scaled = (width, int(round(width / image.width * image.height)))
+    left, top = int(round((scaled[0] - width) / 2.0)), int(round((scaled[1] - height) / 2.0))
+    return image.resize(scaled, Image.Resampling.LANCZOS).crop((left, top, left + width, top + height))
+
+
 def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: Any | None = None) -> CondImage:
     """A PIL image -> `CondImage` (the VAE branch's bucket and pixels, the ViT branch's patches)."""
     import numpy as np
@@ -89,8 +103,8 @@ def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: An
     image = image.convert("RGB")
     ratio = vae_bucket(image.width, image.height, config, num_ratios)
     width, height = ratio_sizes(config.image_base_size, num_ratios)[ratio]
-    stretched = np.asarray(image.resize((width, height), Image.Resampling.LANCZOS), dtype=np.float32) / 255.0
-    vae_pixels = torch.from_numpy(stretched).permute(2, 0, 1).contiguous() * 2.0 - 1.0
+    pixels = np.asarray(cover_crop(image, width, height), dtype=np.float32) / 255.0
+    vae_pixels = torch.from_numpy(pixels).permute(2, 0, 1).contiguous() * 2.0 - 1.0
     out = (processor or vit_processor(config))(images=[image], return_tensors="pt")
     grid = out["spatial_shapes"][0].tolist()
     return CondImage(

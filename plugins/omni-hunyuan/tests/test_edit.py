@@ -166,10 +166,11 @@ def test_the_input_image_and_its_place_matter(runtime: Any) -> None:
         "two": ({"prompt": PROMPT, "images": [_photo(1), _photo(2, (64, 96))]}, params),
         "auto": ({"prompt": PROMPT, "images": [_photo(1)]}, {"seed": 3, "num_inference_steps": 2}),
     })
-    images = {name: data["image"] for name, data in finals.items()}
-    assert np.array_equal(images["a"], images["a again"])
+    images = {name: data["image"].astype(int) for name, data in finals.items()}
+    # (requests with prefixes of other lengths share a forward: float rounding, at most one 8-bit level)
+    assert np.abs(images["a"] - images["a again"]).max() <= 1
     for other in ("b", "none", "two"):
-        assert not np.array_equal(images["a"], images[other]), other
+        assert np.abs(images["a"] - images[other]).max() > 8, other
     assert images["auto"].ndim == 3 and images["auto"].shape[2] == 3
     # usage: the input image's block counts among the prompt's tokens
     assert len(finals["a"]["prompt_token_ids"]) > len(finals["none"]["prompt_token_ids"]) + 64 // 16 * 96 // 16

@@ -113,3 +113,20 @@ def test_two_way_attention_and_2d_positions_change_the_answer(config: HunyuanCon
     # Text after the block (and generated text) goes on from the block's end: positions = indices.
     end = prompt.spans[0][1]
     assert prompt.positions[end:, 0].tolist() == list(range(end, len(prompt.ids)))
+
+
+def test_an_input_image_covers_its_bucket_and_is_centre_cropped() -> None:
+    """The release's default for an input image's VAE branch: scaled with its aspect ratio kept to cover
+    the bucket's size, then its centre cut out (not stretched)."""
+    import numpy as np
+    from PIL import Image
+
+    from omni_hunyuan.understanding import cover_crop
+
+    rng = np.random.default_rng(0)
+    wide = rng.integers(0, 256, (100, 200, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(np.asarray(cover_crop(Image.fromarray(wide), 100, 100)), wide[:, 50:150])
+    tall = rng.integers(0, 256, (300, 100, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(np.asarray(cover_crop(Image.fromarray(tall), 100, 200)), tall[50:250])
+    half = np.asarray(cover_crop(Image.fromarray(wide), 50, 40))  # scaled to 80x40 first, then 15 px off each side
+    np.testing.assert_array_equal(half, np.asarray(Image.fromarray(wide).resize((80, 40), Image.Resampling.LANCZOS))[:, 15:65])
