@@ -113,3 +113,44 @@ def generation_defaults(model_path: str | Path) -> dict[str, Any]:
     """The checkpoint's ``generation_config.json`` (sampler and prompt-template defaults), or {}."""
     path = Path(model_path) / "generation_config.json"
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+# generation_config ``use_system_prompt`` -> the module-level string in the checkpoint's system_prompt.py
+SYSTEM_PROMPT_NAMES = {
+    "en_vanilla": "t2i_system_prompt_en_vanilla",
+    "en_recaption": "t2i_system_prompt_en_recaption",
+    "en_think_recaption": "t2i_system_prompt_en_think_recaption",
+    "en_unified": "unified_system_prompt_en",
+    "likeness": "likeness_system_prompt_en",
+}
+DYNAMIC_SYSTEM_PROMPTS = {"think": "en_think_recaption", "recaption": "en_recaption", "image": "en_vanilla"}  # by bot_task
+
+
+def default_system_prompts(model_path: str | Path) -> dict[str, str | None]:
+    """The system text the release puts before an image request that brings none, by ``bot_task``
+    (``image``, ``think``, ``recaption``): generation_config's ``use_system_prompt`` (``en_unified`` on
+    the Instruct release; ``dynamic`` picks one per task), read from the checkpoint's
+    ``system_prompt.py`` (remote code shipped with the weights) as a module-level string: parsed, never
+    executed. None: the checkpoint names none (``None``, absent, ``custom``) or does not ship the text
+    (logged once)."""
+    import ast
+    import logging
+
+    kind = generation_defaults(model_path).get("use_system_prompt")
+    kinds = {task: DYNAMIC_SYSTEM_PROMPTS[task] if kind == "dynamic" else kind for task in DYNAMIC_SYSTEM_PROMPTS}
+    names = {task: SYSTEM_PROMPT_NAMES.get(k) if isinstance(k, str) else None for task, k in kinds.items()}
+    if not any(names.values()):
+        return dict.fromkeys(names)
+    source = Path(model_path) / "system_prompt.py"
+    texts: dict[str, str] = {}
+    if source.is_file():
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                texts.update({target.id: node.value.value for target in node.targets if isinstance(target, ast.Name)})
+    missing = sorted({name for name in names.values() if name is not None and name not in texts})
+    if missing:
+        logging.getLogger(__name__).warning(
+            "generation_config.json names the system prompt %r, but %s holds no %s: image requests without a system "
+            "message go without it", kind, source, ", ".join(missing),
+        )
+    return {task: (texts.get(name) or "").strip() or None if name else None for task, name in names.items()}

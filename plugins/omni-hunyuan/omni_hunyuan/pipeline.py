@@ -107,7 +107,7 @@ class HunyuanInputProcessor(InputProcessor):
     def load(self) -> None:
         from transformers import AutoTokenizer
 
-        from omni_hunyuan.config import HunyuanConfig, generation_defaults
+        from omni_hunyuan.config import HunyuanConfig, default_system_prompts, generation_defaults
         from omni_hunyuan.tokens import SpecialTokens
 
         from omni_hunyuan.resolution import drawable
@@ -116,6 +116,7 @@ class HunyuanInputProcessor(InputProcessor):
         config = HunyuanConfig.from_pretrained(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.template = generation_defaults(path).get("sequence_template", "pretrain")
+        self.system_prompts = default_system_prompts(path) if self.template == "instruct" else {}
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, config.image_base_size)
         self.ratio_ids = [self.tokens.ratios[i] for i in drawable(config.image_base_size, len(self.tokens.ratios), config.vae_downsample)]
 
@@ -152,6 +153,9 @@ class HunyuanInputProcessor(InputProcessor):
                 f"response_format and structured_outputs apply to the text tasks t2t and i2t; task {request.task!r} draws an image "
                 "(and its reasoning must end in the ratio step)", param="response_format",
             )
+        # An image request without a system message gets the checkpoint's own (`default_system_prompts`).
+        if system is None:
+            system = self.system_prompts.get(REASONING.get(request.task, "image"))
         if request.task in ("t2i", "it2i"):
             edit = {"images": images} if images else {}
             return {STAGE: StageInput(data={"prompt": prompt, "system": system, **edit, **dit}, final=True)}

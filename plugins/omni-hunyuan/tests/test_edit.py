@@ -305,3 +305,41 @@ def test_reasoning_over_an_image_then_editing_it(omni: Any, instruct: Path, mode
     image = np.asarray(result.images[0])
     assert image.shape == expected.shape == (size[1], size[0], 3)
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_path: Path) -> None:
+    """generation_config's ``use_system_prompt`` names a text in the checkpoint's ``system_prompt.py``
+    (read, never run: the file's own code would exit); ``dynamic`` picks one per task; a request's
+    system message wins; text tasks get none."""
+    from omni_hunyuan.pipeline import HunyuanInputProcessor
+
+    from omni_core.parts import PartContext
+
+    for item in instruct.iterdir():
+        if item.name != "generation_config.json":
+            (tmp_path / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
+    config = json.loads((instruct / "generation_config.json").read_text())
+    (tmp_path / "system_prompt.py").write_text(
+        'raise SystemExit("never run")\n'
+        't2i_system_prompt_en_vanilla = """\nDraw well.\n"""\n'
+        't2i_system_prompt_en_think_recaption = """\nThink, then draw.\n"""\n'
+    )
+
+    def processor(kind: str) -> HunyuanInputProcessor:
+        (tmp_path / "generation_config.json").write_text(json.dumps({**config, "use_system_prompt": kind}))
+        part = HunyuanInputProcessor(PartContext(resolve(str(tmp_path))))
+        part.load()
+        return part
+
+    dynamic = processor("dynamic")
+    assert dynamic.process(OmniRequest(prompt=PROMPT, task="t2i", params={}))["dit"].data["system"] == "Draw well."
+    think = dynamic.process(OmniRequest(prompt=PROMPT, task="think_t2i", params={}))
+    assert think["ar"].data["system"] == "Think, then draw."
+    blank = think["dit"].params["prompt_blank"]
+    assert len(blank) > len(dynamic.tokenizer.encode("Think, then draw.", add_special_tokens=False)) and not any(blank[:4])
+    own = [{"role": "system", "content": "Mine."}, {"role": "user", "content": PROMPT}]
+    assert dynamic.process(OmniRequest(messages=own, task="t2i", params={}))["dit"].data["system"] == "Mine."
+    assert "system" not in dynamic.process(OmniRequest(prompt=PROMPT, task="t2t", params={}))["ar"].data
+    # (the recaption text is not in the file: logged, and none used)
+    assert dynamic.process(OmniRequest(prompt=PROMPT, task="recaption_t2i", params={}))["ar"].data["system"] is None
+    assert processor("None").process(OmniRequest(prompt=PROMPT, task="t2i", params={}))["dit"].data["system"] is None
