@@ -29,7 +29,8 @@ pytestmark = pytest.mark.timeout(120)
 
 MODEL = "fake"
 TASKS = (TaskSpec("t2t", ("ar",), ("text",)), TaskSpec("t2i", ("dit",), ("image",)), TaskSpec("t2v", ("dit",), ("video",)))
-ROUTES = ("/v1/chat/completions", "/v1/images/generations", "/v1/videos", "/v1/audio/speech")
+ROUTES = ("/v1/chat/completions", "/v1/images/generations", "/v1/images/edits", "/v1/videos", "/v1/audio/speech")
+FORM_ROUTES = ("/v1/videos", "/v1/images/edits")  # (they also take multipart/form-data, as OpenAI's client sends them)
 
 
 def _png() -> bytes:
@@ -70,7 +71,7 @@ def test_an_empty_body_is_a_400_saying_so(client: TestClient, route: str, header
     error = _error(client.post(route, content=b"", headers=headers), 400)
     assert error["code"] == "empty_body" and error["message"].startswith("the request body is empty"), error
     assert "a JSON object (Content-Type: application/json)" in error["message"]
-    assert ("multipart/form-data" in error["message"]) == (route == "/v1/videos"), error
+    assert ("multipart/form-data" in error["message"]) == (route in FORM_ROUTES), error
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -78,10 +79,10 @@ def test_a_body_of_another_type_is_a_415_naming_what_the_route_takes(client: Tes
     form = _error(client.post(route, data={"model": MODEL, "prompt": "a cat"}), 415)  # what `curl -d k=v` sends
     assert form["code"] == "unsupported_media_type" and "application/x-www-form-urlencoded" in form["message"], form
     assert f"{route} takes a JSON object (Content-Type: application/json)" in form["message"]
-    assert ("or a form (Content-Type: multipart/form-data)" in form["message"]) == (route == "/v1/videos"), form
+    assert ("or a form (Content-Type: multipart/form-data)" in form["message"]) == (route in FORM_ROUTES), form
     text = _error(client.post(route, content=b"model: fake", headers={"content-type": "text/plain"}), 415)
     assert "Content-Type text/plain" in text["message"], text
-    if route != "/v1/videos":
+    if route not in FORM_ROUTES:
         multipart = _error(client.post(route, files=[("model", (None, MODEL))]), 415)
         assert "multipart/form-data" in multipart["message"], multipart
 
@@ -237,3 +238,33 @@ def test_a_missing_field_is_named_as_openai_names_it(client: TestClient, route: 
 def test_an_image_url_answer_is_refused_saying_why(client: TestClient) -> None:
     error = _error(client.post("/v1/images/generations", json={"prompt": "a cat", "response_format": "url"}), 400)
     assert error["param"] == "response_format" and "keeps no image files" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({}, "image", "an edit needs an image"),
+        ({"image": JUNK_URL}, "image", "image: cannot decode the image: not a readable image"),
+        ({"image": [PNG_URL, JUNK_URL]}, "image[1]", "image[1]: cannot decode the image"),
+        ({"images": [{"file_id": "file-1"}]}, "images[0]", "file_id is not supported"),
+        ({"images": [{"image_url": "/etc/hostname"}]}, "images[0]", "images[0]"),
+        ({"image": PNG_URL, "images": [{"image_url": PNG_URL}]}, "images", "give the images once"),
+        ({"image": PNG_URL, "mask": PNG_URL}, "mask", "mask (inpainting) is not supported"),
+    ],
+)
+def test_an_edit_names_what_is_wrong_with_its_images(client: TestClient, body: dict[str, Any], param: str, says: str) -> None:
+    error = _error(client.post("/v1/images/edits", json={"model": MODEL, "prompt": "make it blue", **body}), 400)
+    assert error["param"] == param and says in error["message"], error
+
+
+def test_an_edit_takes_its_images_as_uploads_or_urls(client: TestClient) -> None:
+    """OpenAI's client posts a form: ``image`` (one upload) or ``image[]`` (several); JSON takes data
+    URLs or OpenAI's ``images: [{"image_url": ...}]``. The images reach the model as a chat message's
+    image parts, before the prompt."""
+    for files in ([("image", ("a.png", _png(), "image/png"))], [("image[]", ("a.png", _png(), "image/png")), ("image[]", ("b", _png(), None))]):
+        response = client.post("/v1/images/edits", data={"model": MODEL, "prompt": "make it blue"}, files=files)
+        assert response.status_code == 200, response.text
+    junk = _error(client.post("/v1/images/edits", data={"prompt": "x"}, files=[("image", ("a.png", b"junk", "image/png"))]), 400)
+    assert junk["param"] == "image" and "cannot decode the image" in junk["message"], junk
+    response = client.post("/v1/images/edits", json={"model": MODEL, "prompt": "make it blue", "images": [{"image_url": PNG_URL}]})
+    assert response.status_code == 200, response.text

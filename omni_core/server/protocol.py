@@ -208,6 +208,23 @@ class ImageGenerationRequest(msgspec.Struct, kw_only=True):
     task: str | None = None
 
 
+class ImageEditRequest(ImageGenerationRequest, kw_only=True):
+    """``POST /v1/images/edits``: `ImageGenerationRequest`'s fields plus the images to edit.
+
+    `image`: one image or a list, each a URL (a base64 ``data:`` URL, or a URL the operator allowed)
+    or OpenAI's ``{"image_url": URL}``; in a ``multipart/form-data`` body, as OpenAI's client sends
+    it, file uploads (``image``, or ``image[]`` for several). `images`: OpenAI's JSON field, a list of
+    the same. The images go before the prompt in one user message, as a chat request's ``image_url``
+    parts: the model family reads them (HunyuanImage-3.0 Instruct: ``it2i``) or refuses them with a
+    400. `mask` (inpainting) and ``file_id`` references are refused; `input_fidelity` changes nothing.
+    """
+
+    image: str | dict[str, Any] | list[str | dict[str, Any]] | None = None
+    images: list[str | dict[str, Any]] | None = None
+    mask: str | dict[str, Any] | None = None
+    input_fidelity: str | None = None
+
+
 class VideoRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/videos``.
 

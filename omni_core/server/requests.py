@@ -13,6 +13,7 @@ from omni_core.server.media_urls import chat_messages, data_url
 from omni_core.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    ImageEditRequest,
     ImageGenerationRequest,
     SpeechRequest,
     TextRequest,
@@ -325,9 +326,10 @@ def speech_request(body: SpeechRequest, pipeline: ResolvedPipeline, max_chars: i
 
 
 def image_request(
-    body: ImageGenerationRequest, pipeline: ResolvedPipeline, max_chars: int | None = None, takes: Mapping[str, frozenset[str]] | None = None
+    body: ImageGenerationRequest, pipeline: ResolvedPipeline, max_chars: int | None = None, takes: Mapping[str, frozenset[str]] | None = None,
+    route: str = "/v1/images/generations",
 ) -> OmniRequest:
-    check_produces(pipeline, "image", "/v1/images/generations")
+    check_produces(pipeline, "image", route)
     check_prompt_size(len(body.prompt), max_chars, "prompt")
     if not 1 <= body.n <= 8:
         raise APIError(400, "n must be between 1 and 8", param="n")
@@ -347,6 +349,45 @@ def image_request(
         prompt=body.prompt, modalities=("image",), params=stage_params(pipeline, {}, body.stage_params, drawing), extra=extra,
         task=body.task, request_id=f"img-{new_request_id()[4:]}",
     )
+
+
+MAX_EDIT_IMAGES = 16  # images one edit request may carry (a family takes fewer: its input processor says how many)
+
+
+def image_edit_request(
+    body: ImageEditRequest, pipeline: ResolvedPipeline, media: MediaAccess = MediaAccess(), max_chars: int | None = None,
+    takes: Mapping[str, frozenset[str]] | None = None,
+) -> OmniRequest:
+    """The request an edit body makes: `image_request`'s, with the images before the prompt in one
+    user message (``image_url`` parts, each a checked ``data:`` URL). Blocking (an allowed media URL
+    is read, `media`): call it in a thread."""
+    request = image_request(body, pipeline, max_chars, takes, route="/v1/images/edits")
+    if body.mask is not None:
+        raise APIError(400, "mask (inpainting) is not supported: the model edits the whole image from the prompt", param="mask")
+    if body.image is not None and body.images is not None:
+        raise APIError(400, "give the images once: image or images", param="images")
+    field = "images" if body.images is not None else "image"
+    given = body.images if body.images is not None else body.image
+    items = given if isinstance(given, list) else [] if given is None else [given]
+    if not items:
+        raise APIError(400, "an edit needs an image (image: a file upload or a data URL)", param=field)
+    if len(items) > MAX_EDIT_IMAGES:
+        raise APIError(400, f"{field}: {len(items)} images; at most {MAX_EDIT_IMAGES}", param=field)
+    content: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        where = f"{field}[{index}]" if isinstance(given, list) else field
+        if isinstance(item, dict):
+            if item.get("file_id") is not None:
+                raise APIError(400, f"{where}: file_id is not supported (the server keeps no files); send image_url", param=where)
+            item = item.get("image_url")
+            item = item.get("url") if isinstance(item, dict) else item
+        if not isinstance(item, str):
+            raise APIError(400, f"{where} must be an image URL (a base64 data: URL), a file upload or {{\"image_url\": URL}}", param=where)
+        content.append({"type": "image_url", "image_url": {"url": data_url(item, media, where, image=True)}})
+    content.append({"type": "text", "text": body.prompt})
+    request.messages, request.prompt = [{"role": "user", "content": content}], None
+    request.request_id = f"imgedit-{new_request_id()[4:]}"
+    return request
 
 
 def video_request(

@@ -37,6 +37,7 @@ from omni_core.server.protocol import (
     ErrorDetail,
     ErrorResponse,
     ImageData,
+    ImageEditRequest,
     ImageGenerationRequest,
     ImagesResponse,
     ModelCard,
@@ -53,6 +54,7 @@ from omni_core.server.requests import (
     chat_request,
     check_model,
     completion_requests,
+    image_edit_request,
     image_request,
     max_model_len,
     speech_request,
@@ -415,6 +417,12 @@ async def _speech_events(tracked: Tracked, deltas: AsyncIterator[OutputDelta]) -
     yield json.dumps({"type": "speech.audio.done", "duration_s": tracked.result.audio_duration})
 
 
+class _ImageEditForm(FormRequest):
+    """``POST /v1/images/edits`` also as a form, as OpenAI's client sends it (the images as file uploads)."""
+
+    json_fields = frozenset({"n", "seed", "num_inference_steps", "guidance_scale", "output_compression", "stage_params"})
+
+
 class ImagesController(Controller):
     path = "/v1/images"
     tags = ["images"]
@@ -425,9 +433,21 @@ class ImagesController(Controller):
         omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
         result = await tracked.run_while_connected(request.receive)
-        images = [encode_image(image, data.output_format, data.output_compression) for image in result.images]
-        size = image_size(result.images[0]) if result.images else None
-        return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(image)) for image in images], output_format=data.output_format, size=size)
+        return _images_response(result, data)
+
+    @post("/edits", status_code=200, responses=ERROR_RESPONSES, summary="Edit images from a prompt", request_class=_ImageEditForm)
+    async def edits(self, data: Annotated[ImageEditRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
+        check_model(server.engine.pipeline.model, server.model_name, data.model)
+        omni_request = await _omni_request(server, image_edit_request, data, server.media, server.max_prompt_chars, server.engine.param_names, request=request)
+        tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
+        result = await tracked.run_while_connected(request.receive)
+        return _images_response(result, data)
+
+
+def _images_response(result: Any, data: ImageGenerationRequest) -> ImagesResponse:
+    images = [encode_image(image, data.output_format, data.output_compression) for image in result.images]
+    size = image_size(result.images[0]) if result.images else None
+    return ImagesResponse(created=int(time.time()), data=[ImageData(b64_json=b64(image)) for image in images], output_format=data.output_format, size=size)
 
 
 class _VideoForm(FormRequest):

@@ -343,3 +343,44 @@ def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_pa
     # (the recaption text is not in the file: logged, and none used)
     assert dynamic.process(OmniRequest(prompt=PROMPT, task="recaption_t2i", params={}))["ar"].data["system"] is None
     assert processor("None").process(OmniRequest(prompt=PROMPT, task="t2i", params={}))["dit"].data["system"] is None
+
+
+def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any) -> None:
+    """``/v1/images/edits`` as OpenAI's client sends it (the image a file upload) and a chat request
+    with the image and ``modalities: ["image"]``: the dit stage's edit of that image, as run directly."""
+    import base64
+    import io
+
+    import openai
+    from PIL import Image
+
+    from omni_core.testing.live_server import LiveServer
+
+    photo = _photo(7)
+    buffer = io.BytesIO()
+    photo.save(buffer, format="PNG")
+    params = {"seed": 9, "num_inference_steps": 2}
+    expected = _finals(runtime, {"direct": ({"prompt": PROMPT, "images": [photo], "system": None}, {**params, "size": (64, 64)})})["direct"]["image"]
+    live = LiveServer.start(str(instruct), args=["--set", "ar.options.max_model_len=256"])
+    try:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        edited = client.images.edit(
+            model=str(instruct), image=("photo.png", buffer.getvalue(), "image/png"), prompt=PROMPT, size="64x64",  # type: ignore[arg-type]
+            extra_body={"stage_params": {"dit": params}},
+        )
+        assert edited.size == "64x64"
+        image = np.asarray(Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))))
+        assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        answer = client.chat.completions.create(
+            model=str(instruct), modalities=["image"],  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}]}],
+            extra_body={"stage_params": {"dit": {**params, "size": [64, 64]}}},
+        )
+        part = answer.choices[0].message.content[-1]  # type: ignore[index]
+        chat_image = np.asarray(Image.open(io.BytesIO(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))))
+        assert np.abs(chat_image.astype(int) - expected.astype(int)).max() <= 1
+        with pytest.raises(openai.BadRequestError, match="mask"):
+            client.images.edit(model=str(instruct), image=("photo.png", buffer.getvalue(), "image/png"), mask=("m.png", buffer.getvalue(), "image/png"), prompt=PROMPT)  # type: ignore[arg-type]
+    finally:
+        live.close()
