@@ -143,3 +143,15 @@ async def test_video_jobs_drop_finished_jobs_behind_one_still_running() -> None:
     await asyncio.sleep(0.01)
     assert jobs.job("long").status == "failed"
     jobs.shutdown()
+
+
+def test_a_stage_refusal_names_the_frame_field_as_videos_does() -> None:
+    """An input processor or stage names the request field it reads (``image``, ``last_image``); the
+    client sent ``input_reference`` / ``last_frame``: the 400 (and a failed job) names those."""
+    from omni_core.errors import InvalidRequestError
+    from omni_core.server.requests import video_field_error
+
+    for sent, read in (("input_reference", "image"), ("last_frame", "last_image"), ("size", "size"), ("references[0].image", "references[0].image")):
+        error = video_field_error(InvalidRequestError(f"{read} is wrong", param=read))
+        assert (error.status, error.param, str(error)) == (400, sent, f"{read} is wrong")
+    assert video_field_error(InvalidRequestError("no param")).param is None

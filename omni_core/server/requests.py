@@ -7,6 +7,7 @@ from typing import Any, Mapping
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest, new_request_id
 from omni_core.engine.vllm_inputs import request_from_vllm_prompt
+from omni_core.errors import InvalidRequestError
 from omni_core.media_access import MediaAccess
 from omni_core.server.errors import APIError
 from omni_core.server.media_urls import chat_messages, data_url
@@ -390,6 +391,17 @@ def image_edit_request(
     return request
 
 
+VIDEO_FRAME_FIELDS = {"input_reference": "image", "last_frame": "last_image"}
+"""``/v1/videos``' frame fields -> the request fields (`OmniRequest.extra`) input processors read."""
+
+
+def video_field_error(exc: InvalidRequestError) -> APIError:
+    """A refusal of a video request's field, its param named as ``/v1/videos`` names it (``last_frame``,
+    not the request field ``last_image`` an input processor names)."""
+    names = {key: field for field, key in VIDEO_FRAME_FIELDS.items()}
+    return APIError(400, str(exc), param=names.get(exc.param, exc.param) if exc.param else None)
+
+
 def video_request(
     body: VideoRequest, pipeline: ResolvedPipeline, media: MediaAccess = MediaAccess(), max_chars: int | None = None,
     takes: Mapping[str, frozenset[str]] | None = None,
@@ -408,7 +420,7 @@ def video_request(
             raise APIError(400, f"seconds must be a number, got {body.seconds!r}", param="seconds") from None
     if body.seed is not None:
         extra["seed"] = body.seed
-    for field, key in (("input_reference", "image"), ("last_frame", "last_image")):
+    for field, key in VIDEO_FRAME_FIELDS.items():
         value = getattr(body, field)
         if isinstance(value, dict):  # OpenAI's image reference object
             if set(value) != {"image_url"} or not isinstance(value["image_url"], str):

@@ -19,6 +19,7 @@ from litestar.response.sse import ServerSentEventMessage
 from typing_extensions import Annotated
 
 from omni_core.engine.request import OmniRequest
+from omni_core.errors import InvalidRequestError
 from omni_core.outputs import OutputDelta
 from omni_core.server.encoding import b64, encode_audio, encode_image, encode_png, image_size, pcm16
 from omni_core.server.errors import APIError, to_api_error
@@ -58,6 +59,7 @@ from omni_core.server.requests import (
     image_request,
     max_model_len,
     speech_request,
+    video_field_error,
     video_request,
 )
 from omni_core.server.state import ServerState
@@ -464,7 +466,10 @@ class VideosController(Controller):
     async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState, request: Request) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars, server.engine.param_names, request=request)
-        tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
+        try:
+            tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
+        except InvalidRequestError as exc:  # (an input processor names its request field: named as sent)
+            raise video_field_error(exc) from None
         return server.videos.start(tracked, server.model_name, data.prompt, data.seconds, data.size)
 
     @get(responses={400: ERROR_RESPONSES[400], 404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="The video jobs, a page at a time")

@@ -160,10 +160,11 @@ def test_vllm_omni_diffusion_fields_and_openai_output_formats(server: LiveServer
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "background", refused.text
 
 
-@pytest.mark.parametrize(("field", "param"), [("last_frame", "last_image"), ("references", "references")])
+@pytest.mark.parametrize(("field", "param"), [("last_frame", "last_frame"), ("references", "references")])
 def test_video_fields_cosmos3_does_not_take_are_refused_not_dropped(server: LiveServer, field: str, param: str) -> None:
-    """/v1/videos' last frame and references (MiniMax-H3's) are a 400 naming the field, before any
-    work; before, Cosmos3 drew a video from the prompt alone."""
+    """/v1/videos' last frame and references (MiniMax-H3's) are a 400 naming the field as sent (the
+    request field ``last_image`` the input processor names is ``last_frame`` here), before any work;
+    before, Cosmos3 drew a video from the prompt alone."""
     image = "data:image/png;base64," + base64.b64encode(_png()).decode()
     value = image if field == "last_frame" else [{"type": "image", "image": image}]
     body = {"model": MODEL, "prompt": "a robot", field: value, "stage_params": {"generator": {"num_inference_steps": 2}}}
