@@ -128,7 +128,7 @@ DYNAMIC_SYSTEM_PROMPTS = {"think": "en_think_recaption", "recaption": "en_recapt
 
 def default_system_prompts(model_path: str | Path) -> dict[str, str | None]:
     """The system text the release puts before an image request that brings none, by ``bot_task``
-    (``image``, ``think``, ``recaption``): generation_config's ``use_system_prompt`` (``en_unified`` on
+    (``image``, ``think``, ``recaption``, ``think_recaption``): generation_config's ``use_system_prompt`` (``en_unified`` on
     the Instruct release; ``dynamic`` picks one per task), read from the checkpoint's
     ``system_prompt.py`` (remote code shipped with the weights) as a module-level string: parsed, never
     executed. None: the checkpoint names none (``None``, absent, ``custom``) or does not ship the text
@@ -137,7 +137,8 @@ def default_system_prompts(model_path: str | Path) -> dict[str, str | None]:
     import logging
 
     kind = generation_defaults(model_path).get("use_system_prompt")
-    kinds = {task: DYNAMIC_SYSTEM_PROMPTS[task] if kind == "dynamic" else kind for task in DYNAMIC_SYSTEM_PROMPTS}
+    # ("dynamic" names none for think_recaption: the release then takes the caller's, here the request's)
+    kinds = {task: DYNAMIC_SYSTEM_PROMPTS.get(task) if kind == "dynamic" else kind for task in (*DYNAMIC_SYSTEM_PROMPTS, "think_recaption")}
     names = {task: SYSTEM_PROMPT_NAMES.get(k) if isinstance(k, str) else None for task, k in kinds.items()}
     if not any(names.values()):
         return dict.fromkeys(names)

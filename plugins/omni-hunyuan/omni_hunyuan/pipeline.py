@@ -15,9 +15,10 @@ names one):
 | ``t2t`` | ar | text |
 | ``t2i`` | dit (the request's prompt) | image |
 | ``it2i`` | dit (the prompt after the message's images: editing; Instruct checkpoints) | image, with images |
-| ``think_it2i`` / ``recaption_it2i`` | ar -> dit: reasoning over the images, then the edit | text, image, with images |
 | ``think_t2i`` | ar -> dit: ``<think>`` reasoning and the ratio step, then the image after it | text, image |
 | ``recaption_t2i`` | ar -> dit: ``<recaption>`` rewritten prompt, then the image | text, image |
+| ``think_recaption_t2i`` | ar -> dit: ``<think>``, then ``<recaption>``, then the image | text, image (bot_task think_recaption) |
+| ``think_it2i`` / ``recaption_it2i`` / ``think_recaption_it2i`` | ar -> dit: reasoning over the images, then the edit | text, image, with images |
 
 One copy of the weights: the default deploy runs the ``dit`` stage in the ``ar`` stage's worker
 process, on the modules the ``ar`` stage's vLLM engine loaded (``share_model_with: ar``);
@@ -45,7 +46,10 @@ STAGE = "dit"
 AR_STAGE = "ar"
 DEFAULT_DEPLOY = "omni_hunyuan:deploy/default.yaml"
 EXTRA_FIELDS = ("size", "seed", "n")
-REASONING = {"think_t2i": "think", "recaption_t2i": "recaption", "think_it2i": "think", "recaption_it2i": "recaption"}  # task -> the ar stage's bot_task
+REASONING = {  # task -> the ar stage's bot_task
+    "think_t2i": "think", "recaption_t2i": "recaption", "think_recaption_t2i": "think_recaption",
+    "think_it2i": "think", "recaption_it2i": "recaption", "think_recaption_it2i": "think_recaption",
+}
 MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
 EDIT_IMAGES_PARAM = "edit_images"
@@ -61,8 +65,10 @@ TASKS = (
     TaskSpec("i2t", (AR_STAGE,), ("text",), "image(s) and text -> text on vLLM"),
     TaskSpec("think_t2i", (AR_STAGE, STAGE), ("text", "image"), "think, then draw after the reasoning"),
     TaskSpec("recaption_t2i", (AR_STAGE, STAGE), ("text", "image"), "rewrite the prompt, then draw after it"),
+    TaskSpec("think_recaption_t2i", (AR_STAGE, STAGE), ("text", "image"), "think, rewrite the prompt, then draw after both"),
     TaskSpec("think_it2i", (AR_STAGE, STAGE), ("text", "image"), "think over the message's images, then edit them"),
     TaskSpec("recaption_it2i", (AR_STAGE, STAGE), ("text", "image"), "rewrite the edit's prompt over its images, then edit"),
+    TaskSpec("think_recaption_it2i", (AR_STAGE, STAGE), ("text", "image"), "think and rewrite over the images, then edit"),
 )
 
 
@@ -76,7 +82,12 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     """
     from omni_hunyuan.config import generation_defaults
 
-    instruct = generation_defaults(model_path).get("sequence_template") == "instruct"
+    defaults = generation_defaults(model_path)
+    instruct = defaults.get("sequence_template") == "instruct"
+    # Text + image picks the first task that makes both: the reasoning the checkpoint's bot_task names
+    # (the Instruct release's: think_recaption).
+    first = {"think": "think_t2i", "recaption": "recaption_t2i", "think_recaption": "think_recaption_t2i"}.get(defaults.get("bot_task"))
+    tasks = tuple(sorted(TASKS, key=lambda task: task.name != first)) if instruct and first else TASKS
     return PipelineConfig(
         family="hunyuan-image3",
         stages=(
@@ -96,7 +107,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
         input_processor="omni_hunyuan.pipeline:HunyuanInputProcessor",
         default_deploy=DEFAULT_DEPLOY,
         default_modalities=("text", "image") if instruct else ("image",),
-        tasks=TASKS,
+        tasks=tasks,
     )
 
 
@@ -160,15 +171,19 @@ class HunyuanInputProcessor(InputProcessor):
             edit = {"images": images} if images else {}
             return {STAGE: StageInput(data={"prompt": prompt, "system": system, **edit, **dit}, final=True)}
         bot_task = REASONING[request.task]
-        closer = self.tokens.end_think if bot_task == "think" else self.tokens.end_recaption
+        closers = {
+            "think": [self.tokens.end_think], "recaption": [self.tokens.end_recaption],
+            "think_recaption": [self.tokens.end_think, self.tokens.end_recaption],
+        }[bot_task]
+        openers = [self.tokens.recaption] if bot_task == "think_recaption" else []  # forced after </think>
         # The reasoning, then the ratio step (`omni_hunyuan.ratio_tail`): it ends on a ratio token.
-        # The reasoning's budget is the request's max_tokens; the ratio step adds its five tokens.
+        # The reasoning's budget is the request's max_tokens; the closers, openers and ratio step come on top.
         budget = int_param(asked.get("max_tokens", REASONING_MAX_TOKENS), "max_tokens")
         if budget < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {budget}", param="max_tokens")
         forced = [self.tokens.answer, self.tokens.boi, self.tokens.size]
-        tail = {"closers": [closer], "budget": budget, "forced": forced, "ratios": self.ratio_ids}
-        ar_params: dict[str, Any] = {"max_tokens": budget + 2 + len(forced)}
+        tail = {"closers": closers, "openers": openers, "budget": budget, "forced": forced, "ratios": self.ratio_ids}
+        ar_params: dict[str, Any] = {"max_tokens": budget + len(closers) + len(openers) + len(forced) + 1}
         ar_params["stop_token_ids"] = [*asked.get("stop_token_ids", ()), *self.ratio_ids]
         ar_params[RATIO_TAIL_PARAM] = tail
         if reuse and not images:

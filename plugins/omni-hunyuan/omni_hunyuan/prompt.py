@@ -101,31 +101,34 @@ def instruct_prompt_ids(
 def reasoning_prompt(
     tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None, images: int = 0,
 ) -> Text:
-    """`instruct_prompt_ids` with its blank marks (the prompt's tokens)."""
-    opener = {"think": tokens.think, "recaption": tokens.recaption}[bot_task]
+    """`instruct_prompt_ids` with its blank marks (the prompt's tokens); ``think_recaption`` opens with ``<think>``."""
+    opener = {"think": tokens.think, "recaption": tokens.recaption, "think_recaption": tokens.think}[bot_task]
     return instruct_text(tokenizer, tokens, prompt, system=system, images=images, opener=opener)
 
 
 def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int]) -> tuple[Text, int | None]:
     """The text before the image after think/recaption, and the ratio index the ``ar`` stage picked.
 
-    The text: the ``ar`` stage's prompt, its reasoning up to the first ``</think>``/``</recaption>``
-    (added if the reasoning ran out of tokens first), ``<answer>``; the uncond row blanks the
-    reasoning (not its tags) besides what `prompt` marks. The ratio: the index of the
-    ``<img_ratio_k>`` ending ``<answer><boi><img_size>`` after the closer (`omni_hunyuan.ratio_tail`),
-    or None when the reasoning did not get there.
+    The text: the ``ar`` stage's prompt, its reasoning up to the closer before its ratio step
+    ``<answer><boi><img_size><img_ratio_k>`` (`omni_hunyuan.ratio_tail`; think-and-recaption: both
+    sections), ``<answer>``; a reasoning that ran out of tokens first is closed (its open section's
+    closer added). The uncond row blanks the reasoning but not its tags, besides what `prompt` marks.
+    The ratio: k, or None when the reasoning did not get there.
     """
-    closers = (tokens.end_think, tokens.end_recaption)
-    cut = next((i for i, t in enumerate(generated) if t in closers), None)
-    if cut is None:
-        closer = tokens.end_recaption if tokens.recaption in prompt.ids[-1:] else tokens.end_think
-        reasoning = Text.of([t for t in generated if t != tokens.eos], blank=True)
-        return prompt + reasoning + Text.of([closer, tokens.answer]), None
-    tail = generated[cut + 1 :]
+    tags = {tokens.think, tokens.end_think, tokens.recaption, tokens.end_recaption}
+    step = [tokens.answer, tokens.boi, tokens.size]
     ratio = None
-    if tail[:3] == [tokens.answer, tokens.boi, tokens.size] and len(tail) == 4 and tail[3] in tokens.ratios:
-        ratio = tokens.ratios.index(tail[3])
-    return prompt + Text.of(generated[:cut], blank=True) + Text.of([generated[cut], tokens.answer]), ratio
+    if len(generated) >= 5 and generated[-4:-1] == step and generated[-1] in tokens.ratios and generated[-5] in (tokens.end_think, tokens.end_recaption):
+        reasoning, ratio = generated[:-4], tokens.ratios.index(generated[-1])
+    else:  # cut short (max_tokens, a stop token): its partial ratio step dropped, its open section closed
+        reasoning = [t for t in generated if t != tokens.eos]
+        while reasoning and (reasoning[-1] in step or reasoning[-1] in tokens.ratios):
+            reasoning.pop()
+        opened = [t for t in [*prompt.ids[-1:], *reasoning] if t in tags]
+        if opened and opened[-1] in (tokens.think, tokens.recaption):
+            reasoning.append(tokens.end_think if opened[-1] == tokens.think else tokens.end_recaption)
+    marks = Text(list(reasoning), [t not in tags for t in reasoning])
+    return prompt + marks + Text.of([tokens.answer]), ratio
 
 
 def image_rows(

@@ -1,6 +1,7 @@
 """The ``ar`` stage's ratio step (think/recaption-then-draw): a vLLM logits processor.
 
-After the reasoning's closer (``</think>`` or ``</recaption>``) the release's Instruct model writes
+After the reasoning's closer (``</think>`` or ``</recaption>``; think-and-recaption: ``</think>``, then
+``<recaption>`` forced, then ``</recaption>``) the release's Instruct model writes
 ``<answer><boi><img_size_B>`` and one ``<img_ratio_k>``; its sampler limits that last token to the
 ratio tokens. Here, for a request whose ``SamplingParams.extra_args`` carry `TAIL_ARG`, the tokens
 after the closer are forced in that order (the closer itself once the reasoning has used its budget) and the ratio is limited to the drawable ones (the
@@ -19,19 +20,27 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 TAIL_ARG = "omni_hunyuan_ratio_tail"
-"""`extra_args` key: ``{"closers": [closer, ...], "budget": n, "forced": [answer, boi, size],
-"ratios": [allowed ids]}``: a reasoning still open after `budget` tokens gets ``closers[0]`` then."""
+"""`extra_args` key: ``{"closers": [closer, ...], "openers": [opener, ...], "budget": n, "forced":
+[answer, boi, size], "ratios": [allowed ids]}``: the reasoning's sections in order (``</think>``, then
+for think-and-recaption ``</recaption>``), each next one opened by force (``openers[k]`` right after
+``closers[k]``); a section still open once the reasoning has used `budget` tokens gets its closer then."""
 
 
 def tail_allowed(tail: dict[str, Any], output_ids: list[int]) -> list[int] | None:
     """The token ids allowed next (None: any), given the tokens generated so far."""
-    closers = set(tail["closers"])
-    cut = next((i for i, t in enumerate(output_ids) if t in closers), None)
-    if cut is None:
-        return [tail["closers"][0]] if len(output_ids) >= tail["budget"] else None
-    after = len(output_ids) - cut - 1
-    forced = tail["forced"]
-    return [forced[after]] if after < len(forced) else list(tail["ratios"])
+    closers, openers = tail["closers"], tail.get("openers", [])
+    section, start = 0, 0
+    while True:
+        cut = next((i for i in range(start, len(output_ids)) if output_ids[i] == closers[section]), None)
+        if cut is None:
+            return [closers[section]] if len(output_ids) >= tail["budget"] else None
+        if section == len(closers) - 1:
+            after = len(output_ids) - cut - 1
+            forced = tail["forced"]
+            return [forced[after]] if after < len(forced) else list(tail["ratios"])
+        if cut + 1 == len(output_ids):
+            return [openers[section]]
+        section, start = section + 1, cut + 2
 
 
 class RatioTail(AdapterLogitsProcessor):

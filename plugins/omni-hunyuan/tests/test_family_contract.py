@@ -128,13 +128,14 @@ class TestHunyuanImage3Family(FamilyContract):
             else:
                 assert got.images == [] and got.token_ids == want.token_ids and len(got.token_ids) == 6
 
-    @pytest.mark.parametrize("task", ["think_t2i", "recaption_t2i"])
+    @pytest.mark.parametrize("task", ["think_t2i", "recaption_t2i", "think_recaption_t2i"])
     def test_reasoning_then_drawing_equals_its_stages_run_by_hand(
         self, omni: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any, task: str
     ) -> None:
         """``text`` + ``image`` runs ar -> dit: the ar stage continues the instruct template greedily
-        (as transformers does) and its ratio step picks the ratio; the image is the sampler's after
-        that prompt and reasoning, as token ids, at that ratio's size."""
+        (as transformers does), think-and-recaption writing ``<recaption>`` right after ``</think>``,
+        and its ratio step picks the ratio; the image is the sampler's after that prompt and
+        reasoning, as token ids, at that ratio's size."""
         from omni_hunyuan.config import HunyuanConfig, generation_defaults
         from omni_hunyuan.prompt import image_rows, instruct_prompt_ids
         from omni_hunyuan.reference import hunyuan_v1_model
@@ -153,36 +154,47 @@ class TestHunyuanImage3Family(FamilyContract):
         bot_task = task.removesuffix("_t2i")
         prompt_ids = instruct_prompt_ids(tokenizer, tokens, prompt, bot_task)
         assert result.prompt_token_ids == prompt_ids
-        # transformers, greedy, with the ratio step written out: the reasoning (up to 6 tokens, the
-        # request's budget; no ratio token in it), the closer, <answer><boi><img_size>, the best
-        # drawable ratio token.
+        # transformers, greedy, with the ratio step written out: each section's reasoning (6 tokens in
+        # all at most, the request's budget, then its closer; no ratio token in it), the next section's
+        # opener, ..., <answer><boi><img_size>, the best drawable ratio token.
         reference = hunyuan_v1_model(checkpoint)
         config = HunyuanConfig.from_pretrained(checkpoint)
         allowed = drawable(config.image_base_size, len(tokens.ratios), config.vae_downsample)
-        closer = tokens.end_think if bot_task == "think" else tokens.end_recaption
-        generated: list[int] = []
-        while not generated or generated[-1] not in tokens.ratios:
+        ratio_ids = [tokens.ratios[i] for i in allowed]
+        sections = {
+            "think": [(tokens.end_think, None)], "recaption": [(tokens.end_recaption, None)],
+            "think_recaption": [(tokens.end_think, tokens.recaption), (tokens.end_recaption, None)],
+        }[bot_task]
+
+        def logits_after(generated: list[int]) -> torch.Tensor:
             with torch.no_grad():
-                logits = reference(torch.tensor([prompt_ids + generated])).logits[0, -1]
-            if closer in generated:
-                after = len(generated) - generated.index(closer) - 1
-                forced = [tokens.answer, tokens.boi, tokens.size]
-                generated.append(forced[after] if after < 3 else tokens.ratios[allowed[int(logits[[tokens.ratios[i] for i in allowed]].argmax())]])
-            else:
-                logits[[tokens.ratios[i] for i in allowed]] = float("-inf")  # they end the ratio step only
-                generated.append(closer if len(generated) == 6 else int(logits.argmax()))
+                return reference(torch.tensor([prompt_ids + generated])).logits[0, -1]
+
+        generated: list[int] = []
+        for closer, opener in sections:
+            while not generated or generated[-1] != closer:
+                logits = logits_after(generated)
+                logits[ratio_ids] = float("-inf")  # they end the ratio step only
+                generated.append(closer if len(generated) >= 6 else int(logits.argmax()))
+            if opener is not None:
+                generated.append(opener)
+        generated += [tokens.answer, tokens.boi, tokens.size]
+        generated.append(ratio_ids[int(logits_after(generated)[ratio_ids].argmax())])
         assert result.token_ids == generated
         ratio = tokens.ratios.index(generated[-1])
+        if bot_task == "think_recaption":
+            assert tokens.recaption in generated and result.text is not None
 
         defaults = generation_defaults(checkpoint)
-        cut = generated.index(closer)
-        text_ids = [*prompt_ids, *generated[: cut + 1], tokens.answer]
+        reasoning = generated[:-4]
+        text_ids = [*prompt_ids, *reasoning, tokens.answer]
         # The uncond row blanks the prompt and the reasoning, and keeps <bos>, "User: ", "\n\n",
         # "Assistant: ", the tags and <answer> (the release's chat template).
+        tags = {tokens.think, tokens.end_think, tokens.recaption, tokens.end_recaption}
         scaffold = {tokens.bos, tokens.think, tokens.recaption, *tokenizer.encode("User: ", add_special_tokens=False)}
         head = len(tokenizer.encode("User: ", add_special_tokens=False)) + 1
         suffix = len(tokenizer.encode("\n\n", add_special_tokens=False)) + len(tokenizer.encode("Assistant: ", add_special_tokens=False)) + 1
-        blank = [False] * head + [True] * (len(prompt_ids) - head - suffix) + [False] * suffix + [True] * cut + [False, False]
+        blank = [False] * head + [True] * (len(prompt_ids) - head - suffix) + [False] * suffix + [t not in tags for t in reasoning] + [False]
         assert all(t in scaffold for t, b in zip(prompt_ids[:head], blank) if not b)
         width, height = ratio_sizes(config.image_base_size, len(tokens.ratios))[ratio]
         h, w = height // config.vae_downsample, width // config.vae_downsample

@@ -151,7 +151,7 @@ def test_images_generations_runs_the_dit_alone_at_the_asked_size(server: LiveSer
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"task": "edit"}, "unknown task 'edit'; this model's tasks are: t2i, it2i, t2t, i2t, think_t2i, recaption_t2i, think_it2i, recaption_it2i"),
+        ({"task": "edit"}, "unknown task 'edit'; this model's tasks are: t2i, it2i, t2t, i2t, think_t2i, recaption_t2i, think_recaption_t2i, think_it2i, recaption_it2i, think_recaption_it2i"),
         ({"task": "t2t", "modalities": ["image"]}, "task 't2t' does not produce image"),
         ({"task": "i2t"}, "task 'i2t' needs an image"),
         # A JSON answer (response_format) is the text tasks' only.

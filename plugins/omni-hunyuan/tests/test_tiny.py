@@ -104,3 +104,32 @@ def test_an_instruct_checkpoint_thinks_then_draws_by_default(tmp_path) -> None:
     assert build_pipeline(str(tmp_path), {}).default_modalities == ("image",)
     (tmp_path / "generation_config.json").write_text(json.dumps({"sequence_template": "instruct"}))
     assert build_pipeline(str(tmp_path), {}).default_modalities == ("text", "image")
+
+    def drawing_after_text(pipeline: Any) -> str:  # the task text + image picks: the first that makes both
+        return next(t.name for t in pipeline.tasks if set(t.modalities) == {"text", "image"})
+
+    assert drawing_after_text(build_pipeline(str(tmp_path), {})) == "think_t2i"
+    # The reasoning the checkpoint's bot_task names (the Instruct release's: think and recaption).
+    for bot_task, task in (("think_recaption", "think_recaption_t2i"), ("recaption", "recaption_t2i"), ("image", "think_t2i")):
+        (tmp_path / "generation_config.json").write_text(json.dumps({"sequence_template": "instruct", "bot_task": bot_task}))
+        assert drawing_after_text(build_pipeline(str(tmp_path), {})) == task
+
+
+def test_the_ratio_step_forces_each_section_then_the_ratio() -> None:
+    """think-and-recaption: ``</think>`` (generated, or forced at the budget), ``<recaption>`` forced,
+    ``</recaption>``, then ``<answer><boi><img_size>`` and a ratio token; a reasoning is free until then."""
+    from omni_hunyuan.ratio_tail import tail_allowed
+
+    END_THINK, RECAPTION, END_RECAPTION, ANSWER, BOI, SIZE = 2, 3, 4, 5, 6, 7
+    tail = {"closers": [END_THINK, END_RECAPTION], "openers": [RECAPTION], "budget": 6, "forced": [ANSWER, BOI, SIZE], "ratios": [10, 11]}
+    assert tail_allowed(tail, []) is None and tail_allowed(tail, [20, 21]) is None
+    assert tail_allowed(tail, [20, END_THINK]) == [RECAPTION]
+    assert tail_allowed(tail, [20, END_THINK, RECAPTION]) is None and tail_allowed(tail, [20, END_THINK, RECAPTION, 30]) is None
+    assert tail_allowed(tail, [20, 21, 22, 23, 24, 25]) == [END_THINK]  # the budget: the open section closed
+    assert tail_allowed(tail, [20, END_THINK, RECAPTION, 30, 31, 32]) == [END_RECAPTION]
+    done = [20, END_THINK, RECAPTION, 30, END_RECAPTION]
+    assert [tail_allowed(tail, done + [ANSWER, BOI, SIZE][:k]) for k in range(4)] == [[ANSWER], [BOI], [SIZE], [10, 11]]
+    # a closer of a later section inside an earlier one is reasoning, not its end
+    assert tail_allowed(tail, [20, END_RECAPTION]) is None
+    single = {"closers": [END_THINK], "budget": 4, "forced": [ANSWER, BOI, SIZE], "ratios": [10]}
+    assert tail_allowed(single, [20, END_THINK]) == [ANSWER] and tail_allowed(single, [20, 21, 22, 23]) == [END_THINK]
