@@ -203,8 +203,11 @@ class HunyuanDiT(DiffusionModel):
         wte = self.transformer.model.wte
         sigmas = flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device)
         head = [self.tokens.boi, self.tokens.size]
-        blocks = iter(cond.shape.length for cond in conds)
-        blank = [b for t, b in zip(text.ids + head, text.blank + [False, False]) for b in ([False] * next(blocks) if t == self.tokens.image else [b])]
+        # The uncond row's blanks over the laid-out ids: an image's block (which replaces its <img>) is kept.
+        lengths = iter(cond.shape.length for cond in conds)
+        blank: list[bool] = []
+        for token, mark in zip([*text.ids, *head], [*text.blank, False, False]):
+            blank += [False] * next(lengths) if token == self.tokens.image else [mark]
         samples: list[DiffusionSample] = []
         ratio: int | None = None
         for index in range(n):

@@ -147,7 +147,7 @@ class HunyuanInputProcessor(InputProcessor):
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 dit[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
-        if request.task in ("i2t", "it2i", "think_it2i", "recaption_it2i") and not images:
+        if (request.task in ("i2t", "it2i") or request.task.endswith("_it2i")) and not images:
             raise InvalidRequestError(f"task {request.task!r} needs an image (an image_url part in the user message)", param="messages")
         system = system_text(request.messages)
         if request.task in ("t2t", "i2t"):

@@ -9,7 +9,7 @@
 piece tokenized on its own::
 
     <bos> [system "\n\n"] "User: " [input image blocks] prompt "\n\n" "Assistant: "
-          [<think> reasoning </think> | <recaption> caption </recaption>] <answer> <boi> ... <eoi>
+          [<think> reasoning </think>] [<recaption> caption </recaption>] <answer> <boi> ... <eoi>
 
 The uncond row replaces the prompt's and the reasoning's tokens with ``<cfg>``, one for one, and keeps
 the rest (``<bos>``, the system text, the role prefixes, the separators, the tags, the input images):
@@ -17,10 +17,10 @@ the rest (``<bos>``, the system text, the role prefixes, the separators, the tag
 one batch of two rows. Which ratio index names which size is the release's resolution group
 (`omni_hunyuan.resolution`).
 
-Think/recaption-then-draw: the ``ar`` stage continues the instruct text up to ``Assistant: <think>``
-(or ``<recaption>``) to ``</think>``, then the ratio step ``<answer><boi><img_size_B><img_ratio_k>``;
-the image rows start with that text up to ``</think><answer>``, as token ids (never decoded and
-re-encoded), with ratio k.
+Think/recaption-then-draw: the ``ar`` stage continues the instruct text from ``Assistant: <think>``
+(or ``<recaption>``) to ``</think>`` (think-and-recaption: then ``<recaption>`` ... ``</recaption>``),
+then the ratio step ``<answer><boi><img_size_B><img_ratio_k>``; the image rows start with that text
+up to its last closer and ``<answer>``, as token ids (never decoded and re-encoded), with ratio k.
 """
 
 from __future__ import annotations
