@@ -64,3 +64,22 @@ def decoder(vae: Any) -> Any:
     from omni_hunyuan.vae import ImageDecoder
 
     return ImageDecoder.from_vae(vae)
+
+
+@pytest.fixture(scope="session")
+def inline_dit() -> Any:
+    """A factory: a checkpoint's ``dit`` stage runtime, inline, its own weights in fp32, no admission
+    window, loaded (the caller closes it)."""
+    import attrs
+
+    from omni_core.config import resolve
+    from omni_core.stages.diffusion import DiffusionStageRuntime
+
+    def build(path: Path) -> Any:
+        pipeline = resolve(str(path), overrides=("dit.placement=inline", "dit.share_model_with=", "dit.dtype=float32"))
+        stage = pipeline.stage("dit")
+        runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
+        runtime.load()
+        return runtime
+
+    return build

@@ -21,13 +21,8 @@ from omni_core.stages.diffusion import DiffusionStageRuntime
 
 
 @pytest.fixture(scope="module")
-def runtime(checkpoint: Path) -> Any:
-    import attrs
-
-    pipeline = resolve(str(checkpoint), overrides=("dit.placement=inline", "dit.share_model_with=", "dit.dtype=float32"))
-    stage = pipeline.stage("dit")
-    runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
-    runtime.load()
+def runtime(checkpoint: Path, inline_dit: Any) -> Any:
+    runtime = inline_dit(checkpoint)
     yield runtime
     runtime.close()
 

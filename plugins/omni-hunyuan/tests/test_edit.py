@@ -24,7 +24,6 @@ from omni_core.config import resolve
 from omni_core.engine.request import OmniRequest
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
-from omni_core.stages.diffusion import DiffusionStageRuntime
 
 PROMPT = "Make the sky purple"
 
@@ -42,19 +41,9 @@ def instruct(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _runtime(path: Path) -> Any:
-    import attrs
-
-    pipeline = resolve(str(path), overrides=("dit.placement=inline", "dit.share_model_with=", "dit.dtype=float32"))
-    stage = pipeline.stage("dit")
-    runtime = DiffusionStageRuntime(pipeline, attrs.evolve(stage, options={**stage.options, "admission_window_ms": 0.0}))
-    runtime.load()
-    return runtime
-
-
 @pytest.fixture(scope="module")
-def runtime(instruct: Path) -> Any:
-    runtime = _runtime(instruct)
+def runtime(instruct: Path, inline_dit: Any) -> Any:
+    runtime = inline_dit(instruct)
     yield runtime
     runtime.close()
 
@@ -202,10 +191,10 @@ def test_instruct_t2i_rows_blank_only_the_prompt(runtime: Any, instruct: Path, m
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
 
 
-def test_edits_are_refused_where_they_cannot_run(checkpoint: Path, runtime: Any) -> None:
+def test_edits_are_refused_where_they_cannot_run(checkpoint: Path, runtime: Any, inline_dit: Any) -> None:
     """A base (``pretrain``) checkpoint has no template for an input image; ``<img>`` typed in a prompt
     would be taken for an image's place."""
-    base = _runtime(checkpoint)
+    base = inline_dit(checkpoint)
     try:
         with pytest.raises(InvalidRequestError, match="Instruct checkpoint"):
             base.add_request("x", StageInput(data={"prompt": PROMPT, "images": [_photo(1)]}, params={"seed": 1}))
