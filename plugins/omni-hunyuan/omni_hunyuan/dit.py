@@ -95,6 +95,8 @@ class HunyuanDiT(DiffusionModel):
             stage = self.context.stage
             assert stage is not None  # (a stage's model part)
             raise ConfigError(f"share_model_with: {stage.share_model_with!r}: {exc}", key=f"stages.{stage.name}.{exc.setting}") from None
+        # The ar stage's input-image encoder (VAE encoder, ViT, aligner, patch embedder), when it has one: edits use it (one copy).
+        self._shared_encoder = getattr(spec.shared_model, "encoder", None)
         if spec.quantization is not None:  # (resolve() refuses it beside share_model_with: those are the ar's weights)
             from omni_hunyuan.quantized import quantize_layers
 
@@ -242,9 +244,12 @@ class HunyuanDiT(DiffusionModel):
 
     @functools.cached_property
     def _image_encoder(self) -> Any:
-        """The VAE encoder, Siglip2 tower, aligner and patch embedder for input images (loaded on the first it2i request)."""
+        """The VAE encoder, Siglip2 tower, aligner and patch embedder for input images: the ar stage's
+        (``share_model_with: ar``), else loaded on the first it2i request."""
         from omni_hunyuan.understanding import ImageEncoder
 
+        if isinstance(self._shared_encoder, ImageEncoder):
+            return self._shared_encoder
         return ImageEncoder.from_pretrained(self.context.model_path, device=self.device, dtype=self.transformer.model.wte.weight.dtype)
 
     @functools.cached_property

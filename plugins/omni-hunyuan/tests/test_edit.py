@@ -261,6 +261,10 @@ def test_reasoning_over_an_image_then_editing_it(omni: Any, instruct: Path, mode
     request = OmniRequest(messages=messages, params={"ar": {"max_tokens": 4}, "dit": {"num_inference_steps": 2}}, extra={"seed": 6})
     result = omni.generate(request)[0]
     assert request.task == "think_t2i" and len(result.images) == 1 and result.text is not None
+    # One copy of the weights: the dit stage encodes the input image with the ar stage's encoder.
+    groups = omni._omni.engine.groups
+    text_model = groups["ar"].replicas[0].worker.runtime.engine.collective_rpc(lambda worker: worker.model_runner.get_model())[0]
+    assert groups["dit"].replicas[0].worker.runtime.model._image_encoder is text_model.encoder
 
     config = HunyuanConfig.from_pretrained(instruct)
     encoder = ImageEncoder.from_pretrained(instruct)
