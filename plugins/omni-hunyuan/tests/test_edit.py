@@ -377,3 +377,24 @@ def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any) -> None:
             client.images.edit(model=str(instruct), image=("photo.png", buffer.getvalue(), "image/png"), mask=("m.png", buffer.getvalue(), "image/png"), prompt=PROMPT)  # type: ignore[arg-type]
     finally:
         live.close()
+
+
+def test_omni_generate_edits_an_image_file(instruct: Path, runtime: Any, tmp_path: Path) -> None:
+    """``omni generate MODEL --image F --prompt P --modalities image``: the edit, as a PNG, equal to the
+    dit stage's edit of that file run directly."""
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from omni_cli.main import cli
+
+    photo = tmp_path / "photo"  # (no extension: read by its bytes)
+    _photo(8).save(photo, format="PNG")
+    params = {"seed": 4, "num_inference_steps": 2, "size": [64, 64]}
+    expected = _finals(runtime, {"direct": ({"prompt": PROMPT, "images": [Image.open(photo)], "system": None}, params)})["direct"]["image"]
+    inline = ["--set", "ar.placement=inline", "--set", "dit.placement=inline", "--set", "ar.options.max_model_len=256"]
+    args = ["generate", str(instruct), "--image", str(photo), "--prompt", PROMPT, "--modalities", "image", "--out", str(tmp_path / "out"), "--json"]
+    result = CliRunner().invoke(cli, [*args, "--stage-params", json.dumps({"dit": params}), *inline])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout[result.stdout.index("{") :])
+    image = np.asarray(Image.open(body["images"][0]["path"]))
+    assert image.shape == expected.shape == (64, 64, 3) and np.abs(image.astype(int) - expected.astype(int)).max() <= 1
