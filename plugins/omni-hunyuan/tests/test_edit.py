@@ -7,6 +7,10 @@ each attend both ways, with 2-D positions, and the uncond row blanking only the 
 stage instead encodes the prefix once and runs the drawn image over its keys/values; both must give the
 same image. The input image's VAE latent and then the starting noise come from one generator seeded
 with the request's seed, as the release draws them.
+
+Also: reasoning over an image before editing it (the ar stage on vLLM), the edit through
+``/v1/images/edits``, chat and ``omni generate``, the routing of images by modality, the refusals, and
+the checkpoint's own system prompt.
 """
 
 from __future__ import annotations
