@@ -35,7 +35,7 @@ from omni_core.engine.params import int_param, number_param
 from omni_core.errors import ConfigError, InvalidRequestError
 from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, LoadSpec
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
-from omni_hunyuan.pipeline import EDIT_IMAGES_PARAM, PROMPT_BLANK_PARAM
+from omni_hunyuan.pipeline import EDIT_IMAGES_PARAM, PROMPT_PARAM
 from omni_hunyuan.prompt import Text, image_rows, instruct_text, reasoned_text, t2i_text
 from omni_hunyuan.resolution import drawable, ratio_index, ratio_sizes
 from omni_hunyuan.sampler import flow_sigmas, initial_noise
@@ -171,24 +171,6 @@ class HunyuanDiT(DiffusionModel):
         except (TypeError, ValueError) as exc:
             raise InvalidRequestError(f"cannot read the input image: {exc}", param="messages") from None
 
-    def _collapse(self, ids: list[int], conds: list[Any]) -> list[int]:
-        """The ``ar`` stage's prompt ids with each input image's block (as vLLM expanded it) back to
-        one ``<img>`` placeholder, as `layout` takes them."""
-        blocks = [cond.shape.ids(self.tokens) for cond in conds]
-        out: list[int] = []
-        index = found = 0
-        while index < len(ids):
-            block = blocks[found] if found < len(blocks) else None
-            if block is not None and ids[index : index + len(block)] == block:
-                out.append(self.tokens.image)
-                index, found = index + len(block), found + 1
-            else:
-                out.append(ids[index])
-                index += 1
-        if out.count(self.tokens.image) != len(conds):
-            raise ValueError(f"the ar stage's prompt holds {out.count(self.tokens.image)} image blocks for {len(conds)} images")
-        return out
-
     def _prepare_edit(
         self, request_id: str, text: Text, conds: list[Any], size: Any, picked: int | None, steps: int, guidance: float, seed: int, n: int,
     ) -> list[DiffusionSample]:
@@ -239,8 +221,7 @@ class HunyuanDiT(DiffusionModel):
     def _pick_ratio_of(self, laid: Any) -> int:
         """`pick_ratio` after a laid-out prompt ending ``<boi> <img_size>`` (input images in it)."""
         logits, _ = self.transformer.prompt_forward(laid.embeds[None], laid.positions[None], laid.spans, last=True)
-        allowed = torch.tensor([self.tokens.ratios[i] for i in self.drawable], device=self.device)
-        return self.drawable[int(logits[0, -1, allowed].argmax())]
+        return self._best_ratio(logits[0, -1])
 
     @functools.cached_property
     def _image_encoder(self) -> Any:
@@ -275,13 +256,16 @@ class HunyuanDiT(DiffusionModel):
         """The text before the image and the ratio the ``ar`` stage picked (None: none picked):
         ``<bos> prompt`` (``pretrain`` t2i); the instruct template's ``... Assistant: <answer>``
         (``instruct`` t2i; it2i with the input images' placeholders); or the ``ar`` stage's prompt
-        (its image blocks back to placeholders), reasoning and ``<answer>`` (think/recaption)."""
+        (as the input processor built it: `PROMPT_PARAM`), reasoning and ``<answer>`` (think/recaption)."""
         if data.get("prompt_token_ids") is not None:
-            ids = list(data["prompt_token_ids"])
-            if conds:
-                ids = self._collapse(ids, conds)
-            blank = params.get(PROMPT_BLANK_PARAM)
-            prompt = Text(ids, [bool(b) for b in blank]) if blank is not None and len(blank) == len(ids) else Text(ids, [False] + [True] * (len(ids) - 1))
+            built = params.get(PROMPT_PARAM)
+            if built is not None:
+                prompt = Text(list(built["ids"]), [bool(b) for b in built["blank"]])
+            elif conds:
+                raise ValueError(f"an edit after reasoning needs the ar stage's prompt as built for it ({PROMPT_PARAM})")
+            else:  # (its ids as the ar stage ran them, every token after <bos> blanked: the pretrain rule)
+                ids = list(data["prompt_token_ids"])
+                prompt = Text.of(ids[:1]) + Text.of(ids[1:], blank=True)
             return reasoned_text(self.tokens, prompt, list(data.get("token_ids") or ()))
         prompt = data.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
@@ -309,8 +293,12 @@ class HunyuanDiT(DiffusionModel):
         """The ratio token the model ranks first after ``text <boi> <img_size>``, among drawable sizes."""
         ids = torch.tensor([[*text_ids, self.tokens.boi, self.tokens.size]], device=self.device)
         logits, _ = self.transformer.text_forward(ids)
-        allowed = torch.tensor([self.tokens.ratios[i] for i in self.drawable], device=self.device)
-        return self.drawable[int(logits[0, -1, allowed].argmax())]
+        return self._best_ratio(logits[0, -1])
+
+    def _best_ratio(self, logits: torch.Tensor) -> int:
+        """The drawable ratio whose token `logits` (``[vocab]``, after ``<boi> <img_size>``) rank first."""
+        allowed = torch.tensor([self.tokens.ratios[i] for i in self.drawable], device=logits.device)
+        return self.drawable[int(logits[allowed].argmax())]
 
     def start(self, samples: list[DiffusionSample]) -> None:
         dtype = self.transformer.model.wte.weight.dtype

@@ -55,9 +55,10 @@ MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vL
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
 EDIT_IMAGES_PARAM = "edit_images"
 """The same, after reasoning over input images: the images (the ``ar`` stage hands the ``dit`` token ids only)."""
-PROMPT_BLANK_PARAM = "prompt_blank"
-"""The ``dit`` stage's parameter for think/recaption-then-draw, set here (never by users): which of the
-``ar`` stage's prompt tokens the uncond row blanks (`omni_hunyuan.prompt.Text.blank`)."""
+PROMPT_PARAM = "reasoning_prompt"
+"""The ``dit`` stage's parameter for think/recaption-then-draw, set here (never by users): the ``ar``
+stage's prompt as built for it, ``{"ids": [...], "blank": [...]}`` (`omni_hunyuan.prompt.Text`: each
+input image one ``<img>`` placeholder, and which tokens the uncond row blanks)."""
 
 TASKS = (
     TaskSpec("t2i", (STAGE,), ("image",), "text -> image: the DiT alone (with images in the messages: it2i)"),
@@ -199,12 +200,12 @@ class HunyuanInputProcessor(InputProcessor):
             # Its keys/values come along for the dit stage. (Not after reasoning over input images: the
             # image pass draws their VAE latents anew from the request's seed, as the release does.)
             ar_params[PREFIX_KV_PARAM] = True
-        # The ar stage's prompt (`HunyuanAR.make_prompt`, the same builder): the dit's uncond row blanks its prompt tokens.
+        # The ar stage's prompt (`HunyuanAR.make_prompt`, the same builder), for the dit's rows: its images as placeholders, its blanks.
         from omni_hunyuan.prompt import reasoning_prompt
 
-        blank = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system, images=len(images)).blank
+        built = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system, images=len(images))
         ar_data: dict[str, Any] = {"prompt": prompt, "bot_task": bot_task, "system": system, **({"images": images} if images else {})}
-        dit_params = {**dit, PROMPT_BLANK_PARAM: blank, **({EDIT_IMAGES_PARAM: images} if images else {})}
+        dit_params = {**dit, PROMPT_PARAM: {"ids": built.ids, "blank": built.blank}, **({EDIT_IMAGES_PARAM: images} if images else {})}
         return {
             AR_STAGE: StageInput(data=ar_data, final=True, params=ar_params),
             STAGE: StageInput(data={}, params=dit_params),  # its text comes from ar (ReasoningAdapter)

@@ -332,7 +332,7 @@ def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_pa
     assert dynamic.process(OmniRequest(prompt=PROMPT, task="t2i", params={}))["dit"].data["system"] == "Draw well."
     think = dynamic.process(OmniRequest(prompt=PROMPT, task="think_t2i", params={}))
     assert think["ar"].data["system"] == "Think, then draw."
-    blank = think["dit"].params["prompt_blank"]
+    blank = think["dit"].params["reasoning_prompt"]["blank"]
     assert len(blank) > len(dynamic.tokenizer.encode("Think, then draw.", add_special_tokens=False)) and not any(blank[:4])
     own = [{"role": "system", "content": "Mine."}, {"role": "user", "content": PROMPT}]
     assert dynamic.process(OmniRequest(messages=own, task="t2i", params={}))["dit"].data["system"] == "Mine."
