@@ -57,10 +57,20 @@ class HunyuanConfig:
     latent_channels: int
     vae: Mapping[str, Any]
     raw: Mapping[str, Any] = attrs.field(repr=False)
+    # The -Distil releases: a <guidance> token embedding the guidance scale (no CFG rows), and a
+    # <timestep_r> token embedding the next step's timestep (mean flow), after <timestep>.
+    cfg_distilled: bool = False
+    use_meanflow: bool = False
 
     @property
     def heads_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens between an image's ratio token and its first ``<img>``: ``<timestep>``, then
+        ``<guidance>`` (cfg_distilled) and ``<timestep_r>`` (use_meanflow)."""
+        return 1 + self.cfg_distilled + self.use_meanflow
 
     @property
     def vae_downsample(self) -> int:
@@ -101,6 +111,8 @@ class HunyuanConfig:
             image_base_size=int(config.get("image_base_size", 1024)),
             latent_channels=int(vae.get("latent_channels", 32)),
             vae=vae,
+            cfg_distilled=bool(config.get("cfg_distilled", False)),
+            use_meanflow=bool(config.get("use_meanflow", False)),
             raw=dict(config),
         )
 

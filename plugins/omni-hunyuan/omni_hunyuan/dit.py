@@ -38,7 +38,7 @@ from omni_hunyuan.config import HunyuanConfig, generation_defaults
 from omni_hunyuan.pipeline import EDIT_IMAGES_PARAM, PROMPT_PARAM
 from omni_hunyuan.prompt import Text, image_rows, instruct_text, reasoned_text, t2i_text
 from omni_hunyuan.resolution import drawable, ratio_index, ratio_sizes
-from omni_hunyuan.sampler import flow_sigmas, initial_noise
+from omni_hunyuan.sampler import distilled_guidance, flow_sigmas, initial_noise
 from omni_hunyuan.tokens import SpecialTokens
 from omni_hunyuan.transformer import PrefixCache
 
@@ -106,6 +106,7 @@ class HunyuanDiT(DiffusionModel):
         self.decoder = load_image_decoder(path, self.config.vae, device=spec.device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, self.config.image_base_size)
+        self.step_ids = self.tokens.step_tokens(self.config)  # <timestep> (-Distil: <guidance>, <timestep_r>)
         self.template = self.defaults.get("sequence_template", "pretrain")
         if self.template not in ("pretrain", "instruct"):
             raise NotImplementedError(f"sequence_template {self.template!r}: only 'pretrain' and 'instruct' are implemented")
@@ -141,13 +142,13 @@ class HunyuanDiT(DiffusionModel):
         ratio = picked if size is None and picked is not None else self._ratio(size, text_ids)
         width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
         side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
-        rows = image_rows(self.tokens, text_ids, ratio, side_h, side_w, cfg=guidance > 1.0, blank=text.blank)
+        rows = image_rows(self.tokens, text_ids, ratio, side_h, side_w, cfg=self._cfg(guidance), blank=text.blank, step_ids=self.step_ids)
         reuse = self._param(data, params, "reuse_prefix_kv", True)
         if not isinstance(reuse, bool):
             raise InvalidRequestError(f"reuse_prefix_kv must be true or false, got {reuse!r}", param="reuse_prefix_kv")
         prefix = _Prefix(rows.prefix.to(self.device), self._reused_rows(data, rows.prefix[0].tolist()) if reuse else None)
         sigmas = flow_sigmas(steps, float(self.defaults.get("flow_shift", 3.0))).to(self.device)
-        tokens = rows.prefix.shape[0] * (1 + side_h * side_w)  # per branch: the <timestep> and the image tokens
+        tokens = rows.prefix.shape[0] * (len(self.step_ids) + side_h * side_w)  # per branch: the step tokens and the image
         return [
             DiffusionSample(
                 request_id, index, steps, (side_h, side_w),
@@ -156,6 +157,11 @@ class HunyuanDiT(DiffusionModel):
             )
             for index in range(n)
         ]
+
+    def _cfg(self, guidance: float) -> bool:
+        """Whether a request draws with CFG rows ([cond, uncond]): a scale above 1 on a checkpoint not
+        guidance-distilled (a -Distil one embeds the scale in its <guidance> token instead)."""
+        return guidance > 1.0 and not self.config.cfg_distilled
 
     def _conditions(self, images: list[Any]) -> list[Any]:
         """The input images preprocessed for their blocks (`omni_hunyuan.understanding.CondImage`)."""
@@ -207,14 +213,14 @@ class HunyuanDiT(DiffusionModel):
                 embeds = torch.cat([laid.embeds, wte(last)])
                 positions = torch.cat([laid.positions, torch.full((1, 2), len(laid.ids), device=self.device)])
                 rows, row_embeds = [ids], [embeds]
-                if guidance > 1.0:
+                if self._cfg(guidance):
                     out = torch.tensor([*blank, False], device=self.device)
                     rows.append([self.tokens.cfg if b else t for t, b in zip(ids, out.tolist())])
                     row_embeds.append(torch.where(out[:, None], wte(torch.tensor([self.tokens.cfg], device=self.device)), embeds))
             noise = torch.randn((1, self.config.latent_channels, side_h, side_w), generator=generator, device=self.device, dtype=torch.bfloat16).float()
             prefix = _Prefix(torch.tensor(rows, device=self.device), embedded=(torch.stack(row_embeds), positions, laid.spans))
             state = _State(prefix, noise, sigmas, guidance, ids)
-            samples.append(DiffusionSample(request_id, index, steps, (side_h, side_w), state, tokens=len(rows) * (1 + side_h * side_w)))
+            samples.append(DiffusionSample(request_id, index, steps, (side_h, side_w), state, tokens=len(rows) * (len(self.step_ids) + side_h * side_w)))
         return samples
 
     @torch.no_grad()
@@ -338,7 +344,12 @@ class HunyuanDiT(DiffusionModel):
         cache_rows = [(sample.cache, branch) for sample, n in zip(samples, rows) for branch in range(n)]
         steps = [sample.step for sample, n in zip(samples, rows) for _ in range(n)]
         totals = [sample.total_steps for sample, n in zip(samples, rows) for _ in range(n)]
-        velocity = self.transformer.velocity(self._batch[1], latents, timesteps, cache_rows, steps, totals, repeats=rows).float()
+        scalars: dict[str, torch.Tensor] = {}
+        if self.config.cfg_distilled:
+            scalars["guidance"] = torch.tensor([distilled_guidance(state.guidance_scale) for state in states], device=self.device)
+        if self.config.use_meanflow:
+            scalars["timestep_r"] = torch.stack([state.sigmas[sample.step + 1] * 1000 for sample, state in zip(samples, states)])
+        velocity = self.transformer.velocity(self._batch[1], latents, timesteps, cache_rows, steps, totals, repeats=rows, **scalars).float()
         for sample, state, part in zip(samples, states, velocity.split(rows)):
             if part.shape[0] == 2:
                 cond, uncond = part.chunk(2)

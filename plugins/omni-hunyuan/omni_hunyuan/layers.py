@@ -45,8 +45,9 @@ class ImageRowsMask:
     """The attention of a denoising forward (`HunyuanImage3.velocity`), without a dense mask.
 
     Row b's keys are its prefix, the last ``lengths[b]`` of ``padded`` cached prefix keys (the padding
-    comes first: `PrefixCache.concat` right-aligns the prefixes), then its new tokens: ``<timestep>``
-    and the image. Its ``<timestep>`` query sees the prefix and itself; its image queries see every
+    comes first: `PrefixCache.concat` right-aligns the prefixes), then its new tokens: the step tokens
+    (``<timestep>``; a -Distil checkpoint's also ``<guidance>`` and ``<timestep_r>``) and the image.
+    A step token's query sees the prefix and the step tokens up to itself; the image queries see every
     key of the row. `attend` runs that as unmasked attention per run of consecutive rows with one
     prefix length, which SDPA runs on its flash kernels: a dense boolean mask sends it to a kernel ~3x
     slower at 1024x1024 (bench/hunyuan_profile.py), a key-padding mask makes cuDNN's 2.1x slower
@@ -56,9 +57,10 @@ class ImageRowsMask:
 
     lengths: tuple[int, ...]
     padded: int
+    step_tokens: int = 1  # text tokens before the image: <timestep> (-Distil: and <guidance>, <timestep_r>)
 
     def rows(self, index: list[int]) -> ImageRowsMask:
-        return ImageRowsMask(tuple(self.lengths[i] for i in index), self.padded)
+        return ImageRowsMask(tuple(self.lengths[i] for i in index), self.padded, self.step_tokens)
 
     def runs(self) -> list[tuple[int, int, int]]:
         """``(start, stop, length)`` of each run of consecutive rows with one prefix length."""
@@ -71,19 +73,19 @@ class ImageRowsMask:
         return runs
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """``q``/``k``/``v`` ``[B, heads or kv_heads, 1 + image, dim]`` of the new tokens, `past` the
-        right-aligned prefix keys/values ``[B, kv_heads, padded, dim]``: the output ``[B, heads, 1 + image, dim]``.
+        """``q``/``k``/``v`` ``[B, heads or kv_heads, step_tokens + image, dim]`` of the new tokens, `past`
+        the right-aligned prefix keys/values ``[B, kv_heads, padded, dim]``: the output ``[B, heads, step_tokens + image, dim]``.
 
         Every row's keys (values) are copied once into one buffer, the prefixes then the new keys; a
         run's keys are then a view of it (its rows, from its prefix on), and its queries run in one
-        call, ``<timestep>`` included (it then saw the image too: its output is recomputed over the
-        prefix and itself, one query a row, in place). Several runs write into one output laid out
+        call, the step tokens included (they then saw the image too: their outputs are recomputed over
+        the prefix and the step tokens up to each, one query a row, in place). Several runs write into one output laid out
         as ``o_proj`` reads it (`Attention.output`)."""
         keys, values = (_prefix_then_new(*pair, self.padded) for pair in ((past[0], k), (past[1], v)))
         return self.attend_buffers(q, keys, values)
 
     def attend_buffers(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """`attend` given the buffers: every row's keys/values ``[B, kv_heads, padded + 1 + image, dim]``,
+        """`attend` given the buffers: every row's keys/values ``[B, kv_heads, padded + step_tokens + image, dim]``,
         the right-aligned prefix then the new tokens (any strides with the last dim contiguous)."""
         runs = self.runs()
         batch, heads, seq, dim = q.shape
@@ -93,9 +95,11 @@ class ImageRowsMask:
             run_k, run_v = keys[start:stop, :, padded - length :], values[start:stop, :, padded - length :]
             queries = q[start:stop]
             part = F.scaled_dot_product_attention(queries, run_k, run_v, enable_gqa=True)
-            part[:, :, :1] = F.scaled_dot_product_attention(
-                queries[:, :, :1], run_k[:, :, : length + 1], run_v[:, :, : length + 1], enable_gqa=True
-            )
+            for token in range(self.step_tokens):  # (causal text: the prefix and the step tokens up to itself)
+                seen = length + token + 1
+                part[:, :, token : token + 1] = F.scaled_dot_product_attention(
+                    queries[:, :, token : token + 1], run_k[:, :, :seen], run_v[:, :, :seen], enable_gqa=True
+                )
             if len(runs) == 1:
                 return part
             if out is None:

@@ -38,7 +38,7 @@ from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskSpec
 from omni_core.engine.inputs import last_user_images, last_user_text
 from omni_core.engine.params import int_param
-from omni_core.errors import ConfigError, InvalidRequestError
+from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, InputProcessor, InternalKeysOutput
 
@@ -50,7 +50,6 @@ REASONING = {  # task -> the ar stage's bot_task
     "think_t2i": "think", "recaption_t2i": "recaption", "think_recaption_t2i": "think_recaption",
     "think_it2i": "think", "recaption_it2i": "recaption", "think_recaption_it2i": "think_recaption",
 }
-DISTILLED_KEYS = ("cfg_distilled", "use_meanflow")  # config.json flags of the -Distil releases
 MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
 EDIT_IMAGES_PARAM = "edit_images"
@@ -84,14 +83,6 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     """
     from omni_hunyuan.config import generation_defaults
 
-    for key in DISTILLED_KEYS:
-        if hf_config.get(key):
-            # (loading one would silently draw with CFG and without its <guidance>/<timestep_r> tokens)
-            raise ConfigError(
-                "distilled HunyuanImage-3.0 checkpoints (the -Distil releases: a <guidance> token from guidance_emb, "
-                "a <timestep_r> token from timestep_r_emb, no CFG, about 8 steps) are not supported yet; "
-                "serve the non-distilled checkpoint", key=key,
-            )
     defaults = generation_defaults(model_path)
     instruct = defaults.get("sequence_template") == "instruct"
     # Text + image picks the first task that makes both: the reasoning the checkpoint's bot_task names

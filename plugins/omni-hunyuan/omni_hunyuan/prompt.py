@@ -133,9 +133,12 @@ def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int]) -> 
 
 def image_rows(
     tokens: SpecialTokens, text_ids: list[int], ratio_index: int, height: int, width: int, cfg: bool, blank: list[bool] | None = None,
+    step_ids: list[int] | None = None,
 ) -> ImageRows:
     """Rows for an image after `text_ids` (starting with ``<bos>``); the uncond row replaces the
-    tokens `blank` marks with ``<cfg>`` (unset: every one after ``<bos>``, the ``pretrain`` rule)."""
+    tokens `blank` marks with ``<cfg>`` (unset: every one after ``<bos>``, the ``pretrain`` rule).
+    `step_ids`: the tokens before the first ``<img>`` (unset: ``<timestep>``; a -Distil checkpoint's:
+    `SpecialTokens.step_tokens`)."""
     if not 0 <= ratio_index < len(tokens.ratios):
         raise ValueError(f"ratio index {ratio_index} is outside 0..{len(tokens.ratios) - 1}")
     if blank is None:
@@ -146,7 +149,7 @@ def image_rows(
     prefixes = [[*text_ids, *image_head]]
     if cfg:
         prefixes.append([tokens.cfg if out else t for t, out in zip(text_ids, blank)] + image_head)
-    suffix = [tokens.timestep, *([tokens.image] * (height * width)), tokens.eoi]
+    suffix = [*(step_ids or [tokens.timestep]), *([tokens.image] * (height * width)), tokens.eoi]
     prefix = torch.tensor(prefixes, dtype=torch.long)
     rows = torch.tensor([p + suffix for p in prefixes], dtype=torch.long)
     return ImageRows(prefix=prefix, rows=rows, height=height, width=width)

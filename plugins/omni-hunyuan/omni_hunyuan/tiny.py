@@ -65,24 +65,25 @@ Numbers 0 1 2 3 4 5 6 7 8 9 and punctuation , . ; : ! ? ( ) " ' - make text.
 """
 
 
-def special_tokens(image_base_size: int) -> list[str]:
-    """Every added token of the tokenizer, in the order they are added."""
+def special_tokens(image_base_size: int, distil: bool = False) -> list[str]:
+    """Every added token of the tokenizer, in the order they are added (`distil`: ``<timestep_r>`` too)."""
     return [
         BOS,
         EOS,
         *NAMED_TOKENS,
+        *(["<timestep_r>"] if distil else []),
         size_token(image_base_size),
         *(ratio_token(i) for i in range(NUM_INSTRUCT_RATIOS)),
     ]
 
 
-def tiny_tokenizer(vocab_size: int, image_base_size: int) -> Any:
+def tiny_tokenizer(vocab_size: int, image_base_size: int, distil: bool = False) -> Any:
     """A `PreTrainedTokenizerFast` with the family's special tokens listed in its tokenizer_config."""
     from transformers import PreTrainedTokenizerFast
 
     from omni_core.testing.tokenizer import train_byte_level_bpe
 
-    specials = special_tokens(image_base_size)
+    specials = special_tokens(image_base_size, distil)
     tokenizer = train_byte_level_bpe(CORPUS.splitlines(), vocab_size, specials)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -200,7 +201,7 @@ def _transformer_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:
 
     model = HunyuanImage3(HunyuanConfig.from_dict(config))
     generator = torch.Generator().manual_seed(seed)
-    image_modules = ("patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2.")
+    image_modules = ("patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2.", "guidance_emb.", "timestep_r_emb.")
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if param.ndim == 1 and ("norm" in name or name.endswith(("in_layers.0.weight", "out_layers.0.weight", "model.1.0.weight"))):
@@ -243,8 +244,12 @@ def _vision_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:
     return tensors
 
 
-def make_tiny(directory: Path, size: str = "tiny", seed: int = 0) -> None:
-    """Write the checkpoint into `directory` (same files for the same `size` and `seed`)."""
+def make_tiny(directory: Path, size: str = "tiny", seed: int = 0, distil: bool = False) -> None:
+    """Write the checkpoint into `directory` (same files for the same `size`, `seed` and `distil`).
+
+    `distil`: in the -Instruct-Distil release's schema (``cfg_distilled`` and ``use_meanflow`` in
+    config.json, so ``guidance_emb`` and ``timestep_r_emb`` weights; its generation_config: the
+    instruct template, think-and-recaption, 8 steps, guidance 2.5)."""
     from safetensors.torch import save_file
 
     if size not in SIZES:
@@ -252,9 +257,13 @@ def make_tiny(directory: Path, size: str = "tiny", seed: int = 0) -> None:
     spec = SIZES[size]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = tiny_tokenizer(spec["tokenizer_vocab"], spec["image_base_size"])
+    tokenizer = tiny_tokenizer(spec["tokenizer_vocab"], spec["image_base_size"], distil)
     vocab_size = -(-len(tokenizer) // 64) * 64
     config = release_config(spec, vocab_size, tokenizer)
+    generation = generation_config(tokenizer)
+    if distil:
+        config.update(cfg_distilled=True, use_meanflow=True)
+        generation.update(sequence_template="instruct", bot_task="think_recaption", diff_infer_steps=8, diff_guidance_scale=2.5)
 
     shards = {
         "model-00001-of-00002.safetensors": _transformer_tensors(config, seed),
@@ -269,5 +278,5 @@ def make_tiny(directory: Path, size: str = "tiny", seed: int = 0) -> None:
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (directory / "generation_config.json").write_text(json.dumps(generation_config(tokenizer), indent=2) + "\n")
+    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     tokenizer.save_pretrained(directory)

@@ -60,6 +60,8 @@ class SpecialTokens:
     end_recaption: int
     answer: int
     end_answer: int
+    guidance: int | None = None  # the -Distil releases' step tokens (None: the tokenizer has none)
+    timestep_r: int | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, image_base_size: int) -> SpecialTokens:
@@ -70,6 +72,10 @@ class SpecialTokens:
             if token_id is None or token_id == tokenizer.unk_token_id:
                 raise ValueError(f"the tokenizer has no {token!r} token, which HunyuanImage-3.0 needs")
             return int(token_id)
+
+        def optional(token: str) -> int | None:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            return None if token_id is None or token_id == tokenizer.unk_token_id else int(token_id)
 
         ratios = []
         for index in range(NUM_INSTRUCT_RATIOS):
@@ -98,4 +104,17 @@ class SpecialTokens:
             end_recaption=lookup("</recaption>"),
             answer=lookup("<answer>"),
             end_answer=lookup("</answer>"),
+            guidance=optional("<guidance>"),
+            timestep_r=optional("<timestep_r>"),
         )
+
+    def step_tokens(self, config: Any) -> list[int]:
+        """The tokens between an image's ratio token and its first ``<img>`` under `config`
+        (`HunyuanConfig.step_tokens`): ``<timestep>`` [``<guidance>``] [``<timestep_r>``]."""
+        ids = [self.timestep]
+        for flag, token_id, name in ((config.cfg_distilled, self.guidance, "<guidance>"), (config.use_meanflow, self.timestep_r, "<timestep_r>")):
+            if flag:
+                if token_id is None:
+                    raise ValueError(f"the checkpoint is distilled but its tokenizer has no {name!r} token")
+                ids.append(token_id)
+        return ids

@@ -1,7 +1,8 @@
 """HunyuanImage-3.0's transformer: one MoE decoder that writes text and predicts image-flow velocity.
 
 Text runs causally. For an image the sequence is ``... <timestep> <img>*(h*w) <eoi>``: the ``<timestep>``
-slot holds a timestep embedding, the ``<img>`` slots the noisy latents through `UNetDown`, the image tokens
+slot holds a timestep embedding (a -Distil checkpoint's ``<guidance>`` and ``<timestep_r>`` after it: the
+guidance scale's and the next step's), the ``<img>`` slots the noisy latents through `UNetDown`, the image tokens
 see each other both ways, and the final hidden states at the image slots (before ``ln_f``) go through
 `UNetUp` as the velocity. Text never attends to the image, and no image token's output depends on
 ``<eoi>`` (image rows cannot see it), so a denoising step only needs the keys/values of the text prefix,
@@ -100,6 +101,10 @@ class HunyuanImage3(nn.Module):
         self.model = Backbone(config)
         self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
         self.timestep_emb = TimestepEmbedder(hidden)  # the <timestep> token
+        if config.cfg_distilled:
+            self.guidance_emb = TimestepEmbedder(hidden)  # the <guidance> token: 1000 x the guidance scale
+        if config.use_meanflow:
+            self.timestep_r_emb = TimestepEmbedder(hidden)  # the <timestep_r> token: the next step's timestep
         self.time_embed = TimestepEmbedder(hidden)  # conditions UNetDown
         self.time_embed_2 = TimestepEmbedder(hidden)  # conditions UNetUp
         self.patch_embed = UNetDown(latent, hidden, patch_hidden)
@@ -215,6 +220,7 @@ class HunyuanImage3(nn.Module):
     def velocity(
         self, prefix: PrefixCache, latents: torch.Tensor, timestep: torch.Tensor, cache_rows: list[Any] | None = None,
         steps: list[int] | None = None, totals: list[int] | None = None, repeats: list[int] | None = None,
+        guidance: torch.Tensor | None = None, timestep_r: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Flow velocity ``[B, C, h, w]`` of noisy `latents` at `timestep` (``[B]``, sigma * 1000).
 
@@ -222,9 +228,12 @@ class HunyuanImage3(nn.Module):
         ``repeats[i]`` consecutive rows (its CFG branches: the same latents and timestep under
         different prefixes), so the UNet embedder runs once per image, not once per row.
 
-        Row b's new tokens are ``<timestep>`` at index L_b (its prefix length) and the h*w image tokens
-        from L_b + 1; ``<timestep>`` sees the prefix and itself, the image tokens the prefix,
-        ``<timestep>`` and every image token; nobody sees another row's padding.
+        Row b's new tokens are the k step tokens at index L_b (its prefix length) and the h*w image
+        tokens from L_b + k: ``<timestep>`` (k = 1), on a -Distil checkpoint followed by ``<guidance>``
+        (`guidance`, ``[B]``: 1000 x the guidance scale; cfg_distilled) and ``<timestep_r>``
+        (`timestep_r`, ``[B]``: the next step's sigma * 1000; use_meanflow). A step token sees the
+        prefix and the step tokens up to itself, the image tokens the prefix, the step tokens and every
+        image token; nobody sees another row's padding.
 
         `cache_rows` (row b's ``(CacheState | None, branch)``, with the rows' `steps` and `totals`)
         turns on the core's first-block caching (`omni_core.stages.diffusion_cache`): every row runs
@@ -235,22 +244,30 @@ class HunyuanImage3(nn.Module):
         device = latents.device
         dtype = self.model.wte.weight.dtype
         image_tokens = self.patch_embed(latents.to(dtype), self.time_embed(timestep).to(dtype))
+        scalars = [(self.timestep_emb, timestep)]
+        for flag, name, values in ((self.config.cfg_distilled, "guidance", guidance), (self.config.use_meanflow, "timestep_r", timestep_r)):
+            if flag != (values is not None):
+                raise ValueError(f"{name} is needed by, and only by, a checkpoint with {name}_emb")
+            if flag:
+                scalars.append((getattr(self, f"{name}_emb"), values))
         if repeats is not None:  # (expanded views concatenated: no counts tensor copied to the device each step)
             image_tokens = torch.cat([t[None].expand(n, -1, -1) for t, n in zip(image_tokens, repeats, strict=True)])
-            timestep = torch.cat([t[None].expand(n) for t, n in zip(timestep, repeats, strict=True)])
-        step_token = self.timestep_emb(timestep).to(dtype)[:, None]
-        embeds = torch.cat([step_token, image_tokens.to(dtype)], dim=1)
+            scalars = [(embedder, torch.cat([t[None].expand(n) for t, n in zip(values, repeats, strict=True)])) for embedder, values in scalars]
+            timestep = scalars[0][1]
+        k = len(scalars)
+        step_tokens = [embedder(values).to(dtype)[:, None] for embedder, values in scalars]
+        embeds = torch.cat([*step_tokens, image_tokens.to(dtype)], dim=1)
         positions = torch.stack(
-            [torch.cat([text_positions(n, 1, device), image_positions(n + 1, height, width, device)]) for n in prefix.lengths]
+            [torch.cat([text_positions(n, k, device), image_positions(n + k, height, width, device)]) for n in prefix.lengths]
         )
-        # <timestep> is text: it sees the prefix and itself, not the image after it (`ImageRowsMask`).
-        mask = ImageRowsMask(prefix.lengths, prefix.length)
+        # The step tokens are text: each sees the prefix and those up to itself, not the image after them (`ImageRowsMask`).
+        mask = ImageRowsMask(prefix.lengths, prefix.length, k)
         if cache_rows is not None and any(state is not None for state, _ in cache_rows):
             assert steps is not None and totals is not None
             hidden = self._cached_run(embeds, positions, mask, prefix, cache_rows, steps, totals)
         else:
             hidden, _ = self._run(embeds, positions, mask, prefix, self.kernels)
-        return self.final_layer(hidden[:, 1:], self.time_embed_2(timestep).to(dtype), height, width)
+        return self.final_layer(hidden[:, k:], self.time_embed_2(timestep).to(dtype), height, width)
 
     def _cached_run(
         self, embeds: torch.Tensor, positions: torch.Tensor, mask: ImageRowsMask, prefix: PrefixCache,
@@ -274,9 +291,10 @@ class HunyuanImage3(nn.Module):
         return diffusion_cache.finish_rows(cache_rows, first, signal, compute, rest)
 
     def velocity_from_ids(
-        self, input_ids: torch.Tensor, latents: torch.Tensor, timestep: torch.Tensor, image_token_id: int
+        self, input_ids: torch.Tensor, latents: torch.Tensor, timestep: torch.Tensor, image_token_id: int, **scalars: Any,
     ) -> torch.Tensor:
-        """`velocity` for whole rows ``prefix <timestep> <img>*(h*w) <eoi>...`` (same layout in every row).
+        """`velocity` for whole rows ``prefix <timestep> <img>*(h*w) <eoi>...`` (same layout in every row;
+        a -Distil checkpoint's step tokens and their `scalars` as `velocity` takes them).
 
         `image_token_id` comes from the tokenizer (`SpecialTokens.image`), never a constant.
         """
@@ -285,4 +303,4 @@ class HunyuanImage3(nn.Module):
         starts = is_image.int().argmax(dim=1)
         if not bool((starts == starts[0]).all()) or not bool((is_image.sum(dim=1) == span).all()):
             raise ValueError(f"every row needs one span of {span} <img> tokens, at the same index")
-        return self.velocity(self.encode_prefix(input_ids[:, : int(starts[0]) - 1]), latents, timestep)
+        return self.velocity(self.encode_prefix(input_ids[:, : int(starts[0]) - self.config.step_tokens]), latents, timestep, **scalars)

@@ -73,7 +73,10 @@ from omni_hunyuan.understanding import (
 )
 from omni_hunyuan.vae import VAE_PREFIX, release_to_diffusers_key
 
-IMAGE_PREFIXES = ("patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2.", "vae.", "vision_model.", "vision_aligner.")
+IMAGE_PREFIXES = (
+    "patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2.", "guidance_emb.", "timestep_r_emb.",
+    "vae.", "vision_model.", "vision_aligner.",
+)
 
 
 TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges.txt", "chat_template*")

@@ -133,18 +133,3 @@ def test_the_ratio_step_forces_each_section_then_the_ratio() -> None:
     assert tail_allowed(tail, [20, END_RECAPTION]) is None
     single = {"closers": [END_THINK], "budget": 4, "forced": [ANSWER, BOI, SIZE], "ratios": [10]}
     assert tail_allowed(single, [20, END_THINK]) == [ANSWER] and tail_allowed(single, [20, 21, 22, 23]) == [END_THINK]
-
-
-def test_a_distilled_checkpoint_is_refused_naming_why(tmp_path) -> None:
-    """The -Distil releases (``cfg_distilled``, ``use_meanflow``) need tokens and a sampler this plugin
-    does not have: refused at resolve, naming the flag, instead of drawing without them."""
-    import pytest
-
-    from omni_hunyuan.pipeline import build_pipeline
-
-    from omni_core.errors import ConfigError
-
-    for key in ("cfg_distilled", "use_meanflow"):
-        with pytest.raises(ConfigError, match=f"{key}: distilled HunyuanImage-3.0 checkpoints"):
-            build_pipeline(str(tmp_path), {"architectures": ["HunyuanImage3ForCausalMM"], key: True})
-    assert build_pipeline(str(tmp_path), {"cfg_distilled": False}).family == "hunyuan-image3"
