@@ -72,16 +72,18 @@ class HunyuanAR(ARModel):
     def make_prompt(self, stage_input: StageInput) -> dict[str, Any]:
         data = stage_input.data
         images = list(data.get("images") or ())
+        # (images: their processor's kwargs, `pipeline.ALIGN_PARAM`, as vLLM takes them)
+        media = {"multi_modal_data": {"image": images}, **({"mm_processor_kwargs": dict(data["mm_processor_kwargs"])} if data.get("mm_processor_kwargs") else {})}
         if isinstance(data.get("prompt"), str) and data.get("bot_task") is not None:
             from omni_hunyuan.prompt import instruct_prompt_ids
 
             ids = instruct_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], data["bot_task"], data.get("system"), len(images))
-            return {"prompt_token_ids": ids, **({"multi_modal_data": {"image": images}} if images else {})}
+            return {"prompt_token_ids": ids, **(media if images else {})}
         if images:
             from omni_hunyuan.understanding import i2t_prompt_ids
 
             ids = i2t_prompt_ids(self.hf_tokenizer, self.special_tokens, data["prompt"], len(images), data.get("system"))
-            return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+            return {"prompt_token_ids": ids, **media}
         if isinstance(data.get("prompt"), str) and data.get("prompt_token_ids") is None:
             ids = self.hf_tokenizer.encode(data["prompt"], add_special_tokens=False)
             return {"prompt_token_ids": [int(self.hf_tokenizer.bos_token_id), *ids]}

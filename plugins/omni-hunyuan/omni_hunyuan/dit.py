@@ -29,6 +29,7 @@ import random
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 
 from omni_core.engine.params import int_param, number_param
@@ -37,7 +38,7 @@ from omni_core.stages.diffusion_model import DiffusionModel, DiffusionSample, Lo
 from omni_hunyuan.config import HunyuanConfig, generation_defaults
 from omni_hunyuan.pipeline import EDIT_IMAGES_PARAM, PROMPT_PARAM
 from omni_hunyuan.prompt import Text, image_rows, instruct_text, reasoned_text, t2i_text
-from omni_hunyuan.resolution import drawable, ratio_index, ratio_sizes
+from omni_hunyuan.resolution import aligned_size, drawable, ratio_index, ratio_sizes
 from omni_hunyuan.sampler import distilled_guidance, flow_sigmas, initial_noise
 from omni_hunyuan.tokens import SpecialTokens
 from omni_hunyuan.transformer import PrefixCache
@@ -65,18 +66,21 @@ class _State:
     sigmas: torch.Tensor
     guidance_scale: float
     prompt_ids: list[int]  # the text the image is drawn after (what the request's usage counts)
+    resize_to: tuple[int, int] | None = None  # align_image_size: (width, height) after decoding
 
 
 class HunyuanDiT(DiffusionModel):
     """Text -> image with HunyuanImage-3.0's own transformer; stage params ``seed``, ``size``
     ([width, height]), ``n`` (images, seeds ``seed``, ``seed + 1``, ...; one text-prefix encoding),
     ``num_inference_steps``, ``guidance_scale`` (defaults from generation_config), ``reuse_prefix_kv``
-    (after think/recaption: start from the ``ar`` stage's keys/values; default true) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
+    (after think/recaption: start from the ``ar`` stage's keys/values; default true),
+    ``align_image_size`` (edits: the release's ``infer_align_image_size``, `_prepare_edit`; default
+    false) and the core's ``cache`` (first-block caching: `HunyuanImage3.velocity`)."""
 
     max_steps = 1000  # (flow-matching Euler steps: no scheduler limit; bounds a request's cost)
     load_options = frozenset({"quantization", "compile"})  # (no CUDA graphs; the VAE decodes whole, untiled)
     takes_shared_model = True  # share_model_with: ar (the decoder of the ar stage's vLLM model, `load_transformer`)
-    request_params = frozenset({"seed", "n", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv"})
+    request_params = frozenset({"seed", "n", "size", "num_inference_steps", "guidance_scale", "reuse_prefix_kv", "align_image_size"})
 
     def load(self, spec: LoadSpec) -> None:
         from transformers import AutoTokenizer
@@ -122,7 +126,10 @@ class HunyuanDiT(DiffusionModel):
 
     def prepare(self, request_id: str, data: dict[str, Any], params: dict[str, Any]) -> list[DiffusionSample]:
         images = data.get("images") or params.get(EDIT_IMAGES_PARAM) or []
-        conds = self._conditions(images) if images else []
+        align = self._param(data, params, "align_image_size", False)
+        if not isinstance(align, bool):
+            raise InvalidRequestError(f"align_image_size must be true or false, got {align!r}", param="align_image_size")
+        conds = self._conditions(images, stretch=align) if images else []
         text, picked = self._text(data, params, conds)
         text_ids = text.ids
         steps = int_param(self._param(data, params, "num_inference_steps", int(self.defaults.get("diff_infer_steps", 50))), "num_inference_steps")
@@ -138,7 +145,7 @@ class HunyuanDiT(DiffusionModel):
             raise InvalidRequestError(f"n must be between 1 and {MAX_N}, got {n}", param="n")
         size = self._param(data, params, "size", None)
         if conds:
-            return self._prepare_edit(request_id, text, conds, size, picked, steps, guidance, seed, n)
+            return self._prepare_edit(request_id, text, conds, size, picked, steps, guidance, seed, n, align)
         ratio = picked if size is None and picked is not None else self._ratio(size, text_ids)
         width, height = ratio_sizes(self.config.image_base_size, self.num_ratios)[ratio]
         side_h, side_w = height // self.config.vae_downsample, width // self.config.vae_downsample
@@ -163,8 +170,9 @@ class HunyuanDiT(DiffusionModel):
         guidance-distilled (a -Distil one embeds the scale in its <guidance> token instead)."""
         return guidance > 1.0 and not self.config.cfg_distilled
 
-    def _conditions(self, images: list[Any]) -> list[Any]:
-        """The input images preprocessed for their blocks (`omni_hunyuan.understanding.CondImage`)."""
+    def _conditions(self, images: list[Any], stretch: bool = False) -> list[Any]:
+        """The input images preprocessed for their blocks (`omni_hunyuan.understanding.CondImage`;
+        `stretch`: their VAE branch stretched to the bucket, not cropped)."""
         from omni_hunyuan.understanding import preprocess
 
         if self.template != "instruct":
@@ -173,18 +181,21 @@ class HunyuanDiT(DiffusionModel):
                 f"this one's is {self.template!r}", param="messages",
             )
         try:
-            return [preprocess(image, self.config, self.num_ratios, self._vit_processor) for image in images]
+            return [preprocess(image, self.config, self.num_ratios, self._vit_processor, stretch) for image in images]
         except (TypeError, ValueError) as exc:
             raise InvalidRequestError(f"cannot read the input image: {exc}", param="messages") from None
 
     def _prepare_edit(
         self, request_id: str, text: Text, conds: list[Any], size: Any, picked: int | None, steps: int, guidance: float, seed: int, n: int,
+        align: bool = False,
     ) -> list[DiffusionSample]:
         """it2i: the input images' blocks (`omni_hunyuan.understanding.layout`) in both CFG rows (the
         uncond row blanks the prompt, not the images). As the release draws them, one generator seeded
         with a sample's seed draws each input image's VAE latent, then the starting noise: each sample
         has its own prefix. The ratio: `size`'s, else the one the ``ar`` stage picked, else the model
-        picks it after the images and the prompt."""
+        picks it after the images and the prompt. `align` (the release's ``infer_align_image_size``):
+        the input images were stretched to their buckets (`_conditions`), and the image drawn is resized
+        after decoding to the aspect ratio of the first input image of its ratio (`resolution.aligned_size`)."""
         from omni_hunyuan.understanding import layout
 
         if text.ids.count(self.tokens.image) != len(conds):
@@ -219,7 +230,8 @@ class HunyuanDiT(DiffusionModel):
                     row_embeds.append(torch.where(out[:, None], wte(torch.tensor([self.tokens.cfg], device=self.device)), embeds))
             noise = torch.randn((1, self.config.latent_channels, side_h, side_w), generator=generator, device=self.device, dtype=torch.bfloat16).float()
             prefix = _Prefix(torch.tensor(rows, device=self.device), embedded=(torch.stack(row_embeds), positions, laid.spans))
-            state = _State(prefix, noise, sigmas, guidance, ids)
+            resize = aligned_size(ratio, [(c.ratio, c.original) for c in conds], self.config.image_base_size, self.num_ratios) if align else None
+            state = _State(prefix, noise, sigmas, guidance, ids, resize)
             samples.append(DiffusionSample(request_id, index, steps, (side_h, side_w), state, tokens=len(rows) * (len(self.step_ids) + side_h * side_w)))
         return samples
 
@@ -359,8 +371,13 @@ class HunyuanDiT(DiffusionModel):
     def decode(self, samples: list[DiffusionSample]) -> list[dict[str, Any]]:
         from omni_hunyuan.vae import decode_latents
 
-        images = decode_latents(self.decoder, torch.cat([s.state.latents for s in samples]), self.config.vae).cpu().numpy()
-        for sample in samples:
+        images = list(decode_latents(self.decoder, torch.cat([s.state.latents for s in samples]), self.config.vae).cpu().numpy())
+        for index, sample in enumerate(samples):
             sample.state.prefix = None  # the prefix KV is the request's largest state: let it go now
+            if sample.state.resize_to is not None:
+                from PIL import Image
+
+                resized = Image.fromarray(images[index]).resize(sample.state.resize_to, Image.Resampling.LANCZOS)
+                images[index] = np.asarray(resized)
         self._batch = None  # (it holds the finished samples' caches too)
         return [{"image": image, "prompt_token_ids": sample.state.prompt_ids} for sample, image in zip(samples, images)]

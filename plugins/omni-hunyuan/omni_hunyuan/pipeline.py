@@ -52,6 +52,9 @@ REASONING = {  # task -> the ar stage's bot_task
 }
 MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
 REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
+ALIGN_PARAM = "align_image_size"
+"""Input images stretched to their bucket, the image drawn resized to their aspect ratio (the release's
+``infer_align_image_size``): a request's ``mm_processor_kwargs`` key, and the ``dit`` stage's parameter."""
 EDIT_IMAGES_PARAM = "edit_images"
 """The same, after reasoning over input images: the images (the ``ar`` stage hands the ``dit`` token ids only)."""
 PROMPT_PARAM = "reasoning_prompt"
@@ -148,11 +151,15 @@ class HunyuanInputProcessor(InputProcessor):
         for key in EXTRA_FIELDS:
             if request.extra.get(key) is not None:
                 dit[key] = tuple(request.extra[key]) if key == "size" else request.extra[key]
+        align = self._align(request)
+        if align:  # (both stages read input images: the ar stage through its vLLM processor's kwargs)
+            dit[ALIGN_PARAM] = True
+        processor_kwargs = {"mm_processor_kwargs": {ALIGN_PARAM: True}} if align and images else {}
         if (request.task in ("i2t", "it2i") or request.task.endswith("_it2i")) and not images:
             raise InvalidRequestError(f"task {request.task!r} needs an image (an image_url part in the user message)", param="messages")
         system = system_text(request.messages)
         if request.task in ("t2t", "i2t"):
-            data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system} if images else {"prompt": prompt}
+            data: dict[str, Any] = {"prompt": prompt, "images": images, "system": system, **processor_kwargs} if images else {"prompt": prompt}
             return {AR_STAGE: StageInput(data=data, final=True)}
         if images and self.template != "instruct":
             raise InvalidRequestError(
@@ -195,12 +202,29 @@ class HunyuanInputProcessor(InputProcessor):
         from omni_hunyuan.prompt import reasoning_prompt
 
         built = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system, images=len(images))
-        ar_data: dict[str, Any] = {"prompt": prompt, "bot_task": bot_task, "system": system, **({"images": images} if images else {})}
+        ar_data: dict[str, Any] = {"prompt": prompt, "bot_task": bot_task, "system": system, **({"images": images} if images else {}), **processor_kwargs}
         dit_params = {**dit, PROMPT_PARAM: {"ids": built.ids, "blank": built.blank}, **({EDIT_IMAGES_PARAM: images} if images else {})}
         return {
             AR_STAGE: StageInput(data=ar_data, final=True, params=ar_params),
             STAGE: StageInput(data={}, params=dit_params),  # its text comes from ar (ReasoningAdapter)
         }
+
+
+    @staticmethod
+    def _align(request: Any) -> bool:
+        """``align_image_size`` (the release's ``infer_align_image_size``): from the request's
+        ``mm_processor_kwargs`` (vLLM's field: both stages), else the ``dit`` stage parameter."""
+        kwargs = request.extra.get("mm_processor_kwargs") or {}
+        unknown = sorted(set(kwargs) - {ALIGN_PARAM})
+        if unknown:
+            raise InvalidRequestError(
+                f"mm_processor_kwargs: HunyuanImage-3.0 takes only {ALIGN_PARAM!r}, not {', '.join(map(repr, unknown))}",
+                param="mm_processor_kwargs",
+            )
+        align = kwargs.get(ALIGN_PARAM, request.params.get(STAGE, {}).get(ALIGN_PARAM, False))
+        if not isinstance(align, bool):
+            raise InvalidRequestError(f"{ALIGN_PARAM} must be true or false, got {align!r}", param=ALIGN_PARAM)
+        return align
 
 
 def system_text(messages: Any) -> str | None:

@@ -10,6 +10,7 @@ with B here, so a tiny checkpoint has them too). Sizes are (width, height), as t
 from __future__ import annotations
 
 import functools
+import math
 
 from omni_hunyuan.tokens import NUM_BASE_RATIOS
 
@@ -60,3 +61,19 @@ def ratio_index(size: tuple[int, int], base_size: int, num_ratios: int, multiple
         f"this checkpoint draws the {len(valid)} sizes of its resolution table ({shown}, ...: image_base_size "
         f"{base_size}); {width}x{height} is not one of them; nearest: {sizes[nearest][0]}x{sizes[nearest][1]}"
     )
+
+
+def aligned_size(ratio: int, images: list[tuple[int, tuple[int, int]]], base_size: int, num_ratios: int) -> tuple[int, int] | None:
+    """The release's ``infer_align_image_size`` after decoding: the (width, height) an image drawn at
+    `ratio` is resized to, or None. `images`: the input images' (ratio index, (width, height) of their
+    own). The first input image of the same ratio index decides: when its height/width ratio differs
+    from the drawn size's by 0.01 or more, its own aspect ratio at about ``base_size**2`` pixels."""
+    width, height = ratio_sizes(base_size, num_ratios)[ratio]
+    for index, (own_width, own_height) in images:
+        if index != ratio:
+            continue
+        if abs(own_height / own_width - height / width) < 0.01:
+            return None
+        scale = math.sqrt(base_size**2 / (own_width * own_height))
+        return round(own_width * scale), round(own_height * scale)
+    return None

@@ -6,7 +6,8 @@ One image becomes, where its ``<img>`` placeholder stood in the prompt::
 
 - the VAE slots: the image scaled (Lanczos) to cover the size of the resolution table whose
   height/width ratio is nearest its own (``<img_ratio_k>``) and centre-cropped to it (`cover_crop`: the
-  release's default), mapped to [-1, 1], VAE-encoded (a sample of the
+  release's default; with ``align_image_size``, the release's ``infer_align_image_size``, stretched to
+  it instead), mapped to [-1, 1], VAE-encoded (a sample of the
   latent distribution, seeded: ``seed``), shifted and scaled, then `UNetDown` (``patch_embed``) at
   timestep 0; ``h_v x w_v`` latent tokens, row-major;
 - ``<timestep>``: ``timestep_emb(0)``; ``<joint_img_sep>``: its word embedding;
@@ -54,6 +55,7 @@ class CondImage:
     vit_mask: torch.Tensor  # [P] (1: a real patch)
     vit_grid: tuple[int, int]  # (h_p, w_p) patches
     downsample: int
+    original: tuple[int, int] = (0, 0)  # the image's own (width, height)
 
     @property
     def shape(self) -> BlockShape:
@@ -93,8 +95,10 @@ def cover_crop(image: Any, width: int, height: int) -> Any:
     return image.resize(scaled, Image.Resampling.LANCZOS).crop((left, top, left + width, top + height))
 
 
-def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: Any | None = None) -> CondImage:
-    """A PIL image -> `CondImage` (the VAE branch's bucket and pixels, the ViT branch's patches)."""
+def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: Any | None = None, stretch: bool = False) -> CondImage:
+    """A PIL image -> `CondImage` (the VAE branch's bucket and pixels, the ViT branch's patches).
+    `stretch` (``align_image_size``): the VAE branch scales the image to its bucket's size without
+    keeping its aspect ratio instead of `cover_crop`; the ViT branch takes the whole image either way."""
     import numpy as np
     from PIL import Image
 
@@ -103,7 +107,8 @@ def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: An
     image = image.convert("RGB")
     ratio = vae_bucket(image.width, image.height, config, num_ratios)
     width, height = ratio_sizes(config.image_base_size, num_ratios)[ratio]
-    pixels = np.asarray(cover_crop(image, width, height), dtype=np.float32) / 255.0
+    fitted = image.resize((width, height), Image.Resampling.LANCZOS) if stretch else cover_crop(image, width, height)
+    pixels = np.asarray(fitted, dtype=np.float32) / 255.0
     vae_pixels = torch.from_numpy(pixels).permute(2, 0, 1).contiguous() * 2.0 - 1.0
     out = (processor or vit_processor(config))(images=[image], return_tensors="pt")
     grid = out["spatial_shapes"][0].tolist()
@@ -114,6 +119,7 @@ def preprocess(image: Any, config: HunyuanConfig, num_ratios: int, processor: An
         vit_mask=out["pixel_attention_mask"][0],
         vit_grid=(int(grid[0]), int(grid[1])),
         downsample=config.vae_downsample,
+        original=(image.width, image.height),
     )
 
 

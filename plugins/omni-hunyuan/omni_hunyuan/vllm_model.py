@@ -303,7 +303,8 @@ class HunyuanImage3Processor(BaseMultiModalProcessor[HunyuanImage3ProcessingInfo
 
     def _call_hf_processor(self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]) -> BatchFeature:
         info = self.info
-        images = [preprocess(image, info.release, len(info.tokens.ratios), info.vit_processor) for image in hf_data.get("images") or ()]  # type: ignore[union-attr]
+        stretch = bool(hf_kwargs.get("align_image_size", False))  # (a request's mm_processor_kwargs: `pipeline.ALIGN_PARAM`)
+        images = [preprocess(image, info.release, len(info.tokens.ratios), info.vit_processor, stretch) for image in hf_data.get("images") or ()]  # type: ignore[union-attr]
         return BatchFeature(
             {
                 "vae_pixels": [image.vae_pixels for image in images],

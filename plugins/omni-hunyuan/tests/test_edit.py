@@ -93,10 +93,11 @@ def _whole_sequence_velocity(
 
 def _reference(
     instruct: Path, model: Any, decoder: Any, tokens: Any, cond_ids: list[int], uncond_ids: list[int], photos: list[Any],
-    seed: int, steps: int, size: tuple[int, int],
+    seed: int, steps: int, size: tuple[int, int], stretch: bool = False,
 ) -> np.ndarray:
     """The release's sampler over whole sequences: one generator seeded with `seed` draws the input
-    images' VAE latents, then the noise; both rows hold the same input images."""
+    images' VAE latents, then the noise; both rows hold the same input images (`stretch`: their VAE
+    branch stretched to the bucket, ``infer_align_image_size``)."""
     from omni_hunyuan.config import HunyuanConfig, generation_defaults
     from omni_hunyuan.sampler import flow_sigmas
     from omni_hunyuan.understanding import ImageEncoder, layout, preprocess
@@ -105,7 +106,7 @@ def _reference(
     config = HunyuanConfig.from_pretrained(instruct)
     defaults = generation_defaults(instruct)
     encoder = ImageEncoder.from_pretrained(instruct)
-    conds = [preprocess(photo, config, len(tokens.ratios)) for photo in photos]
+    conds = [preprocess(photo, config, len(tokens.ratios), stretch=stretch) for photo in photos]
     generator = torch.Generator().manual_seed(seed)
     h, w = size[1] // config.vae_downsample, size[0] // config.vae_downsample
     with torch.no_grad():
@@ -167,6 +168,42 @@ def test_the_input_image_and_its_place_matter(runtime: Any) -> None:
     assert images["auto"].ndim == 3 and images["auto"].shape[2] == 3
     # usage: the input image's block counts among the prompt's tokens
     assert len(finals["a"]["prompt_token_ids"]) > len(finals["none"]["prompt_token_ids"]) + 64 // 16 * 96 // 16
+
+
+def test_align_image_size_stretches_the_input_and_resizes_the_output(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+    """The release's ``infer_align_image_size``: the input image's VAE branch stretched to its bucket
+    (not cropped), and the image drawn at that bucket resized (Lanczos) to the input's aspect ratio at
+    about base^2 pixels: a 96x64 photo (bucket 80x48, 0.07 off its ratio) gives a 78x52 image; a
+    square photo's bucket matches it, so nothing is resized."""
+    from PIL import Image
+
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.resolution import ratio_sizes
+
+    config = HunyuanConfig.from_pretrained(instruct)
+    photo, seed, size = _photo(1), 11, (80, 48)
+    params = {"seed": seed, "num_inference_steps": 2, "size": size}
+    finals = _finals(runtime, {
+        "aligned": ({"prompt": PROMPT, "images": [photo]}, {**params, "align_image_size": True}),
+        "plain": ({"prompt": PROMPT, "images": [photo]}, params),
+        "square": ({"prompt": PROMPT, "images": [_photo(2, (64, 64))]}, {**params, "size": (64, 64), "align_image_size": True}),
+    })
+    assert finals["aligned"]["image"].shape == (52, 78, 3) and finals["plain"]["image"].shape == (48, 80, 3)
+    assert finals["square"]["image"].shape == (64, 64, 3)
+
+    def enc(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index(size)
+    head, prompt = [tokens.bos, *enc("User: "), tokens.image], enc(PROMPT)
+    tail = [*enc("\n\n"), *enc("Assistant: "), tokens.answer, tokens.boi, tokens.size, tokens.ratios[ratio]]
+    args = (instruct, model, decoder, tokens, head + prompt + tail, head + [tokens.cfg] * len(prompt) + tail, [photo], seed, 2, size)
+    stretched = _reference(*args, stretch=True)
+    expected = np.asarray(Image.fromarray(stretched).resize((78, 52), Image.Resampling.LANCZOS))
+    assert np.abs(finals["aligned"]["image"].astype(int) - expected.astype(int)).max() <= 1
+    cropped = _reference(*args)
+    assert np.abs(finals["plain"]["image"].astype(int) - cropped.astype(int)).max() <= 1
+    assert np.abs(stretched.astype(int) - cropped.astype(int)).max() > 8  # (the two preprocessings differ)
 
 
 def test_instruct_t2i_rows_blank_only_the_prompt(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
@@ -238,6 +275,13 @@ def test_the_input_processor_routes_images_by_modality(instruct: Path) -> None:
     assert "prefix_kv" not in think["ar"].params  # (the image pass draws the images' latents anew)
     with pytest.raises(InvalidRequestError, match="needs an image"):
         processor.process(OmniRequest(prompt=PROMPT, task="it2i", params={}))
+    # align_image_size: vLLM's mm_processor_kwargs reach both stages (the ar stage's vLLM processor too)
+    aligned = processor.process(OmniRequest(messages=messages, task="think_t2i", params={}, extra={"mm_processor_kwargs": {"align_image_size": True}}))
+    assert aligned["ar"].data["mm_processor_kwargs"] == {"align_image_size": True} and aligned["dit"].params["align_image_size"] is True
+    assert processor.process(OmniRequest(messages=messages, task="t2i", params={"dit": {"align_image_size": True}}))["dit"].data["align_image_size"]
+    for kwargs, match in (({"do_resize": False}, "takes only 'align_image_size'"), ({"align_image_size": "yes"}, "must be true or false")):
+        with pytest.raises(InvalidRequestError, match=match):
+            processor.process(OmniRequest(messages=messages, task="i2t", params={}, extra={"mm_processor_kwargs": kwargs}))
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +346,30 @@ def test_reasoning_over_an_image_then_editing_it(omni: Any, instruct: Path, mode
     image = np.asarray(result.images[0])
     assert image.shape == expected.shape == (size[1], size[0], 3)
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+
+
+@pytest.mark.vllm
+def test_the_ar_stage_reads_images_aligned_when_asked(omni: Any, instruct: Path, model: Any, tokenizer: Any, tokens: Any) -> None:
+    """``mm_processor_kwargs: {"align_image_size": true}`` reaches the ar stage's vLLM processor: its
+    greedy answer about an image equals our torch greedy over the stretched block, and differs from
+    the one over the cropped block (the default)."""
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.understanding import ImageEncoder, i2t_prompt_ids, layout, preprocess
+
+    config = HunyuanConfig.from_pretrained(instruct)
+    encoder = ImageEncoder.from_pretrained(instruct)
+    photo = _photo(0)
+    ids = i2t_prompt_ids(tokenizer, tokens, "What is in the image?", 1)
+    messages = [{"role": "user", "content": [{"type": "image", "image": photo}, {"type": "text", "text": "What is in the image?"}]}]
+    expected = {}
+    for stretch in (False, True):
+        laid = layout(ids, [preprocess(photo, config, len(tokens.ratios), stretch=stretch)], tokens, model.model.wte, encoder)
+        expected[stretch] = model.greedy(torch.tensor([laid.ids]), 6, prompt=(laid.embeds[None], laid.positions[None], laid.spans))
+    assert expected[True] != expected[False]
+    for stretch in (False, True):
+        extra = {"mm_processor_kwargs": {"align_image_size": True}} if stretch else {}
+        result = omni.generate(OmniRequest(messages=messages, task="i2t", params={"ar": {"max_tokens": 6}}, extra=extra))[0]
+        assert list(result.token_ids) == expected[stretch], stretch
 
 
 def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_path: Path) -> None:
