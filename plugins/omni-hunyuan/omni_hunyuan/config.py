@@ -138,6 +138,20 @@ SYSTEM_PROMPT_NAMES = {
 DYNAMIC_SYSTEM_PROMPTS = {"think": "en_think_recaption", "recaption": "en_recaption", "image": "en_vanilla"}  # by bot_task
 
 
+def system_prompt_texts(model_path: str | Path) -> dict[str, str]:
+    """The module-level string constants of the checkpoint's ``system_prompt.py`` (remote code shipped
+    with the weights): parsed with `ast`, never executed; {} without the file."""
+    import ast
+
+    source = Path(model_path) / "system_prompt.py"
+    texts: dict[str, str] = {}
+    if source.is_file():
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                texts.update({target.id: node.value.value for target in node.targets if isinstance(target, ast.Name)})
+    return texts
+
+
 def default_system_prompts(model_path: str | Path) -> dict[str, str | None]:
     """The system text the release puts before an image request that brings none, by ``bot_task``
     (``image``, ``think``, ``recaption``, ``think_recaption``): generation_config's ``use_system_prompt`` (``en_unified`` on
@@ -145,7 +159,6 @@ def default_system_prompts(model_path: str | Path) -> dict[str, str | None]:
     ``system_prompt.py`` (remote code shipped with the weights) as a module-level string: parsed, never
     executed. None: the checkpoint names none (``None``, absent, ``custom``) or does not ship the text
     (logged once)."""
-    import ast
     import logging
 
     kind = generation_defaults(model_path).get("use_system_prompt")
@@ -155,11 +168,7 @@ def default_system_prompts(model_path: str | Path) -> dict[str, str | None]:
     if not any(names.values()):
         return dict.fromkeys(names)
     source = Path(model_path) / "system_prompt.py"
-    texts: dict[str, str] = {}
-    if source.is_file():
-        for node in ast.parse(source.read_text()).body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                texts.update({target.id: node.value.value for target in node.targets if isinstance(target, ast.Name)})
+    texts = system_prompt_texts(model_path)
     missing = sorted({name for name in names.values() if name is not None and name not in texts})
     if missing:
         logging.getLogger(__name__).warning(

@@ -284,7 +284,7 @@ class HunyuanDiT(DiffusionModel):
             else:  # (its ids as the ar stage ran them, every token after <bos> blanked: the pretrain rule)
                 ids = list(data["prompt_token_ids"])
                 prompt = Text.of(ids[:1]) + Text.of(ids[1:], blank=True)
-            return reasoned_text(self.tokens, prompt, list(data.get("token_ids") or ()))
+            return reasoned_text(self.tokens, prompt, list(data.get("token_ids") or ()), drop_think=bool(self.defaults.get("drop_think")))
         prompt = data.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidRequestError("HunyuanImage-3.0 needs a text prompt", param="prompt")

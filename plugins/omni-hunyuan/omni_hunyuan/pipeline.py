@@ -122,7 +122,7 @@ class HunyuanInputProcessor(InputProcessor):
     def load(self) -> None:
         from transformers import AutoTokenizer
 
-        from omni_hunyuan.config import HunyuanConfig, default_system_prompts, generation_defaults
+        from omni_hunyuan.config import SYSTEM_PROMPT_NAMES, HunyuanConfig, default_system_prompts, generation_defaults, system_prompt_texts
         from omni_hunyuan.tokens import SpecialTokens
 
         from omni_hunyuan.resolution import drawable
@@ -130,8 +130,15 @@ class HunyuanInputProcessor(InputProcessor):
         path = self.context.model_path
         config = HunyuanConfig.from_pretrained(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.template = generation_defaults(path).get("sequence_template", "pretrain")
+        defaults = generation_defaults(path)
+        self.template = defaults.get("sequence_template", "pretrain")
         self.system_prompts = default_system_prompts(path) if self.template == "instruct" else {}
+        # generation_config's drop_think: after think-and-recaption the image pass keeps the recaption
+        # only, and a system text gives way to the checkpoint's recaption one (as the release does).
+        self.drop_think_system = (
+            (system_prompt_texts(path).get(SYSTEM_PROMPT_NAMES["en_recaption"]) or "").strip() or None
+            if defaults.get("drop_think") else None
+        )
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, config.image_base_size)
         self.ratio_ids = [self.tokens.ratios[i] for i in drawable(config.image_base_size, len(self.tokens.ratios), config.vae_downsample)]
 
@@ -198,10 +205,12 @@ class HunyuanInputProcessor(InputProcessor):
             # Its keys/values come along for the dit stage. (Not after reasoning over input images: the
             # image pass draws their VAE latents anew from the request's seed, as the release does.)
             ar_params[PREFIX_KV_PARAM] = True
-        # The ar stage's prompt (`HunyuanAR.make_prompt`, the same builder), for the dit's rows: its images as placeholders, its blanks.
+        # The ar stage's prompt (`HunyuanAR.make_prompt`, the same builder), for the dit's rows: its images as placeholders, its
+        # blanks (under drop_think the image pass's system text: `drop_think_system`).
         from omni_hunyuan.prompt import reasoning_prompt
 
-        built = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, system, images=len(images))
+        image_system = self.drop_think_system if system and bot_task == "think_recaption" and self.drop_think_system else system
+        built = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, image_system, images=len(images))
         ar_data: dict[str, Any] = {"prompt": prompt, "bot_task": bot_task, "system": system, **({"images": images} if images else {}), **processor_kwargs}
         dit_params = {**dit, PROMPT_PARAM: {"ids": built.ids, "blank": built.blank}, **({EDIT_IMAGES_PARAM: images} if images else {})}
         return {

@@ -106,13 +106,15 @@ def reasoning_prompt(
     return instruct_text(tokenizer, tokens, prompt, system=system, images=images, opener=opener)
 
 
-def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int]) -> tuple[Text, int | None]:
+def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int], drop_think: bool = False) -> tuple[Text, int | None]:
     """The text before the image after think/recaption, and the ratio index the ``ar`` stage picked.
 
     The text: the ``ar`` stage's prompt, its reasoning up to the closer before its ratio step
     ``<answer><boi><img_size><img_ratio_k>`` (`omni_hunyuan.ratio_tail`; think-and-recaption: both
     sections), ``<answer>``; a reasoning that ran out of tokens first is closed (its open section's
     closer added). The uncond row blanks the reasoning but not its tags, besides what `prompt` marks.
+    `drop_think` (generation_config's, as the release applies it to the image pass): the think
+    section, its tags included, is left out (think-and-recaption keeps the recaption; think, nothing).
     The ratio: k, or None when the reasoning did not get there.
     """
     tags = {tokens.think, tokens.end_think, tokens.recaption, tokens.end_recaption}
@@ -127,6 +129,9 @@ def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int]) -> 
         opened = [t for t in [*prompt.ids[-1:], *reasoning] if t in tags]
         if opened and opened[-1] in (tokens.think, tokens.recaption):
             reasoning.append(tokens.end_think if opened[-1] == tokens.think else tokens.end_recaption)
+    if drop_think and prompt.ids[-1:] == [tokens.think] and tokens.end_think in reasoning:
+        prompt = Text(prompt.ids[:-1], prompt.blank[:-1])
+        reasoning = reasoning[reasoning.index(tokens.end_think) + 1 :]
     marks = Text(list(reasoning), [t not in tags for t in reasoning])
     return prompt + marks + Text.of([tokens.answer]), ratio
 

@@ -194,3 +194,42 @@ def test_think_recaption_then_draw_on_a_distilled_checkpoint(omni: Any, parts: A
     image = np.asarray(result.images[0])
     assert image.shape == expected.shape == (size[1], size[0], 3)
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+
+
+@pytest.fixture(scope="module")
+def dropping(distil: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The distilled checkpoint with generation_config's ``drop_think`` on, served."""
+    from omni_core.engine.offline import Omni
+
+    directory = tmp_path_factory.mktemp("hunyuan-distil-drop-think")
+    for item in distil.iterdir():
+        if item.name != "generation_config.json":
+            (directory / item.name).symlink_to(item, target_is_directory=item.is_dir())
+    generation = json.loads((distil / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**generation, "drop_think": True}))
+    deploy = {"stages": {"ar": {"placement": "inline", "options": {"max_model_len": 256}}, "dit": {"placement": "inline", "share_model_with": "ar"}}}
+    with Omni(resolve(str(directory), deploy=deploy)) as engine:
+        yield engine
+
+
+@pytest.mark.vllm
+def test_drop_think_leaves_the_think_section_out_of_the_image_pass(dropping: Any, parts: Any) -> None:
+    """generation_config's ``drop_think``: the ar stage thinks and recaptions as before (the ratio
+    picked with the think section in view), the image is drawn after the prompt and the recaption
+    only (``<think>`` ... ``</think>`` left out, tags included), as the release's image pass does."""
+    from omni_hunyuan.resolution import ratio_sizes
+
+    _, _, _, tokens, config = parts
+    request = OmniRequest(prompt=PROMPT, params={"ar": {"max_tokens": 12}, "dit": {"num_inference_steps": 2}}, extra={"seed": 5})
+    result = dropping.generate(request)[0]
+    prompt, generated = list(result.prompt_token_ids), list(result.token_ids)
+    assert prompt[-1] == tokens.think and tokens.end_think in generated and generated[-4:-1] == [tokens.answer, tokens.boi, tokens.size]
+    kept = generated[generated.index(tokens.end_think) + 1 :]
+    assert kept[0] == tokens.recaption
+    size = ratio_sizes(config.image_base_size, len(tokens.ratios))[tokens.ratios.index(generated[-1])]
+    expected = _reference(parts, [*prompt[:-1], *kept], 5, 2, size, guidance_value=2496.0)
+    image = np.asarray(result.images[0])
+    assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+    whole = _reference(parts, [*prompt, *generated], 5, 2, size, guidance_value=2496.0)
+    assert np.abs(whole.astype(int) - expected.astype(int)).max() > 2  # (keeping the think section draws another)
+

@@ -375,7 +375,8 @@ def test_the_ar_stage_reads_images_aligned_when_asked(omni: Any, instruct: Path,
 def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_path: Path) -> None:
     """generation_config's ``use_system_prompt`` names a text in the checkpoint's ``system_prompt.py``
     (read, never run: the file's own code would exit); ``dynamic`` picks one per task; a request's
-    system message wins; text tasks get none."""
+    system message wins; text tasks get none; under ``drop_think`` the image pass after
+    think-and-recaption takes the recaption text, as the release swaps it."""
     from omni_hunyuan.pipeline import HunyuanInputProcessor
 
     from omni_core.parts import PartContext
@@ -408,6 +409,17 @@ def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_pa
     # (the recaption text is not in the file: logged, and none used)
     assert dynamic.process(OmniRequest(prompt=PROMPT, task="recaption_t2i", params={}))["ar"].data["system"] is None
     assert processor("None").process(OmniRequest(prompt=PROMPT, task="t2i", params={}))["dit"].data["system"] is None
+    # drop_think: after think-and-recaption the image pass's system text is the checkpoint's recaption one
+    (tmp_path / "system_prompt.py").write_text('t2i_system_prompt_en_recaption = "Recaption, then draw."\nunified_system_prompt_en = "All."\n')
+    config = {**config, "drop_think": True}
+    dropping = processor("en_unified")
+    both = dropping.process(OmniRequest(prompt=PROMPT, task="think_recaption_t2i", params={}))
+    assert both["ar"].data["system"] == "All."
+    recaption = dropping.tokenizer.encode("Recaption, then draw.", add_special_tokens=False)
+    assert both["dit"].params["reasoning_prompt"]["ids"][1 : 1 + len(recaption)] == recaption
+    think = dropping.process(OmniRequest(prompt=PROMPT, task="think_t2i", params={}))  # (think alone: the system text stays)
+    unified = dropping.tokenizer.encode("All.", add_special_tokens=False)
+    assert think["dit"].params["reasoning_prompt"]["ids"][1 : 1 + len(unified)] == unified
 
 
 def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any) -> None:

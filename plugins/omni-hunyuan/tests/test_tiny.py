@@ -133,3 +133,23 @@ def test_the_ratio_step_forces_each_section_then_the_ratio() -> None:
     assert tail_allowed(tail, [20, END_RECAPTION]) is None
     single = {"closers": [END_THINK], "budget": 4, "forced": [ANSWER, BOI, SIZE], "ratios": [10]}
     assert tail_allowed(single, [20, END_THINK]) == [ANSWER] and tail_allowed(single, [20, 21, 22, 23]) == [END_THINK]
+
+
+def test_drop_think_keeps_the_recaption_only() -> None:
+    """`reasoned_text` under drop_think: the think section and its tags leave the image pass's text
+    (the ar prompt's trailing ``<think>`` with them); a recaption after it stays; think alone leaves none."""
+    from omni_hunyuan.prompt import Text, reasoned_text
+    from omni_hunyuan.tokens import SpecialTokens
+
+    tokens = SpecialTokens(
+        bos=1, eos=2, boi=3, eoi=4, image=5, joint_img_sep=6, cfg=7, timestep=8, size=9, ratios=(10, 11), think=12,
+        end_think=13, recaption=14, end_recaption=15, answer=16, end_answer=17,
+    )
+    prompt = Text.of([1, 40, 41, 12])  # <bos> ... "Assistant: " <think>
+    both = [50, 51, 13, 14, 60, 15, 16, 3, 9, 11]
+    text, ratio = reasoned_text(tokens, prompt, both, drop_think=True)
+    assert (text.ids, ratio) == ([1, 40, 41, 14, 60, 15, 16], 1) and text.blank == [False] * 4 + [True, False, False]
+    assert reasoned_text(tokens, prompt, both)[0].ids == [1, 40, 41, 12, 50, 51, 13, 14, 60, 15, 16]
+    assert reasoned_text(tokens, prompt, [50, 13, 16, 3, 9, 10], drop_think=True)[0].ids == [1, 40, 41, 16]
+    # cut short inside the think section: closed, then dropped
+    assert reasoned_text(tokens, prompt, [50, 51], drop_think=True)[0].ids == [1, 40, 41, 16]
