@@ -138,6 +138,16 @@ def test_distilled_t2i_equals_the_release_sequence_run_whole(runtime: Any, parts
     expected = _reference(parts, ids, seed, steps, size, guidance_value=2496.0)
     assert image.shape == expected.shape == (64, 64, 3)
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
+    # the stand-alone sampler (what the benchmark runs) draws the same, from one row
+    from omni_hunyuan.prompt import image_rows
+    from omni_hunyuan.sampler import initial_noise, sample_t2i
+    from omni_hunyuan.vae import decode_latents
+
+    model, decoder, _, tokens, config = parts
+    rows = image_rows(tokens, ids[:-3], tokens.ratios.index(ids[-1]), 4, 4, cfg=False, step_ids=tokens.step_tokens(config))
+    latents = sample_t2i(model, rows.prefix, initial_noise(seed, config.latent_channels, 4, 4), steps, 2.5, 3.0)
+    sampled = decode_latents(decoder, latents, config.vae)[0].numpy()
+    assert np.abs(sampled.astype(int) - expected.astype(int)).max() <= 1
     for mutation in ({"guidance_value": 2500.0}, {"guidance_value": 2496.0, "r_ahead": 0}):
         other = _reference(parts, ids, seed, steps, size, **mutation)
         assert np.abs(other.astype(int) - expected.astype(int)).max() > 2, mutation
