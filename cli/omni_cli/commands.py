@@ -131,6 +131,8 @@ def _reference(path: Path) -> dict[str, str]:
         try:
             with Image.open(path):
                 kind = "image"
+        except Image.DecompressionBombError:
+            kind = "image"  # (an image over PIL's limit: the request refuses it, naming the pixel limit)
         except (UnidentifiedImageError, OSError):
             kind = "audio"
     return {"type": kind, kind: url}

@@ -109,3 +109,24 @@ def test_a_reference_for_a_model_that_makes_no_video_is_refused(tmp_path: Path) 
     image = _png(tmp_path / "a.png", 8, 8)
     result = CliRunner().invoke(cli, ["generate", "omni-tiny/hunyuan-image3", "--prompt", "a cat", "--reference", image])
     assert result.exit_code != 0 and "--reference is a video's reference" in result.output and "use --image" in result.output, result.output
+
+
+def test_a_reference_named_without_a_type_is_told_by_its_header(tmp_path: Path) -> None:
+    """An image header, even one declaring more pixels than PIL opens (a decompression bomb), makes an
+    image reference, for the request to refuse by its pixel limit; other bytes make audio."""
+    import struct
+    import zlib
+
+    from omni_cli.commands import _reference
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 40000, 40000, 8, 2, 0, 0, 0)) + chunk(b"IEND", b""))
+    small = tmp_path / "small"
+    small.write_bytes(Path(_png(tmp_path / "s.png", 8, 8)).read_bytes())
+    noise = tmp_path / "noise"
+    noise.write_bytes(b"RIFF" + bytes(64))
+    assert [_reference(path)["type"] for path in (huge, small, noise)] == ["image", "image", "audio"]
+
