@@ -171,8 +171,9 @@ class ChatController(Controller):
             encoded, _ = await asyncio.to_thread(encode_audio, result.audio, result.sample_rate or 24000, audio_format)
             audio = AudioOutput(id=f"audio_{uuid.uuid4().hex[:16]}", data=b64(encoded), expires_at=int(time.time()) + 3600, transcript=result.text)
         content: str | list[dict[str, Any]] | None = result.text
-        if result.images:
-            content = [{"type": "text", "text": result.text or ""}, *await asyncio.to_thread(_image_parts, result.images)]
+        if result.images:  # (image parts alone where no text stage answered, as vLLM-Omni answers an image request)
+            text_part = [{"type": "text", "text": result.text}] if result.text or result.finish_reason is not None else []
+            content = [*text_part, *await asyncio.to_thread(_image_parts, result.images)]
         message = AssistantMessage(role="assistant", content=content, audio=audio)
         body = ChatCompletion(
             id=omni_request.request_id,
