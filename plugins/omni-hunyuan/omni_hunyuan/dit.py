@@ -230,7 +230,8 @@ class HunyuanDiT(DiffusionModel):
                     row_embeds.append(torch.where(out[:, None], wte(torch.tensor([self.tokens.cfg], device=self.device)), embeds))
             noise = torch.randn((1, self.config.latent_channels, side_h, side_w), generator=generator, device=self.device, dtype=torch.bfloat16).float()
             prefix = _Prefix(torch.tensor(rows, device=self.device), embedded=(torch.stack(row_embeds), positions, laid.spans))
-            resize = aligned_size(ratio, [(c.ratio, c.original) for c in conds], self.config.image_base_size, self.num_ratios) if align else None
+            own = [(c.ratio, c.original) for c in conds if c.original is not None]
+            resize = aligned_size(ratio, own, self.config.image_base_size, self.num_ratios) if align else None
             state = _State(prefix, noise, sigmas, guidance, ids, resize)
             samples.append(DiffusionSample(request_id, index, steps, (side_h, side_w), state, tokens=len(rows) * (len(self.step_ids) + side_h * side_w)))
         return samples

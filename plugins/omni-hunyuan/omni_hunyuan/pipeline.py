@@ -218,12 +218,13 @@ class HunyuanInputProcessor(InputProcessor):
             STAGE: StageInput(data={}, params=dit_params),  # its text comes from ar (ReasoningAdapter)
         }
 
-
     @staticmethod
     def _align(request: Any) -> bool:
         """``align_image_size`` (the release's ``infer_align_image_size``): from the request's
         ``mm_processor_kwargs`` (vLLM's field: both stages), else the ``dit`` stage parameter."""
         kwargs = request.extra.get("mm_processor_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise InvalidRequestError(f"mm_processor_kwargs must be an object, got {type(kwargs).__name__}", param="mm_processor_kwargs")
         unknown = sorted(set(kwargs) - {ALIGN_PARAM})
         if unknown:
             raise InvalidRequestError(

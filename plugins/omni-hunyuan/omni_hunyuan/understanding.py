@@ -55,7 +55,7 @@ class CondImage:
     vit_mask: torch.Tensor  # [P] (1: a real patch)
     vit_grid: tuple[int, int]  # (h_p, w_p) patches
     downsample: int
-    original: tuple[int, int] = (0, 0)  # the image's own (width, height)
+    original: tuple[int, int] | None = None  # the image's own (width, height), where known (`preprocess`)
 
     @property
     def shape(self) -> BlockShape:
