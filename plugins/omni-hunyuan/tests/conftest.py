@@ -83,3 +83,37 @@ def inline_dit() -> Any:
         return runtime
 
     return build
+
+
+@pytest.fixture(scope="session")
+def run_dit() -> Any:
+    """A function: requests ``{id: (data, params)}`` added to a ``dit`` runtime and stepped to the end;
+    each one's final chunk's data."""
+    from omni_core.outputs import StageInput
+
+    def run(runtime: Any, requests: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+        for request_id, (data, params) in requests.items():
+            runtime.add_request(request_id, StageInput(data=data, params=params))
+        finals: dict[str, dict[str, Any]] = {}
+        while runtime.has_unfinished():
+            for chunk in runtime.step():
+                if chunk.final:
+                    finals[chunk.request_id] = chunk.data
+        return finals
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def inline_omni() -> Any:
+    """A factory: an offline engine over a checkpoint with both stages inline, the dit on the ar's
+    modules (``share_model_with: ar``), a short vLLM context (a context manager)."""
+    from omni_core.config import resolve
+    from omni_core.engine.offline import Omni
+
+    def build(path: Path) -> Any:
+        deploy = {"stages": {"ar": {"placement": "inline", "options": {"max_model_len": 256}}, "dit": {"placement": "inline", "share_model_with": "ar"}}}
+        return Omni(resolve(str(path), deploy=deploy))
+
+    return build
+

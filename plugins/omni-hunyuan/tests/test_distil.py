@@ -19,9 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_core.config import resolve
 from omni_core.engine.request import OmniRequest
-from omni_core.outputs import StageInput
 
 PROMPT = "A lighthouse at night"
 
@@ -57,17 +55,6 @@ def runtime(distil: Path, inline_dit: Any) -> Any:
     runtime = inline_dit(distil)
     yield runtime
     runtime.close()
-
-
-def _finals(runtime: Any, requests: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    for request_id, (data, params) in requests.items():
-        runtime.add_request(request_id, StageInput(data=data, params=params))
-    finals: dict[str, dict[str, Any]] = {}
-    while runtime.has_unfinished():
-        for chunk in runtime.step():
-            if chunk.final:
-                finals[chunk.request_id] = chunk.data
-    return finals
 
 
 def _reference(
@@ -128,12 +115,12 @@ def test_the_checkpoint_carries_the_distil_schema(distil: Path, parts: Any) -> N
     assert (generation["diff_infer_steps"], generation["diff_guidance_scale"], generation["bot_task"]) == (8, 2.5, "think_recaption")
 
 
-def test_distilled_t2i_equals_the_release_sequence_run_whole(runtime: Any, parts: Any) -> None:
+def test_distilled_t2i_equals_the_release_sequence_run_whole(runtime: Any, parts: Any, run_dit: Any) -> None:
     """No uncond row, the guidance scale and the next step in their tokens: the stage's image equals
     the whole sequence's; a guidance embedded unrounded (2500, not bfloat16's 2496) or the step's own
     timestep in <timestep_r> draw another (beyond the one 8-bit level allowed)."""
     seed, steps, size = 7, 3, (64, 64)
-    image = _finals(runtime, {"a": ({"prompt": PROMPT}, {"seed": seed, "num_inference_steps": steps, "size": size})})["a"]["image"]
+    image = run_dit(runtime, {"a": ({"prompt": PROMPT}, {"seed": seed, "num_inference_steps": steps, "size": size})})["a"]["image"]
     ids = _t2i_ids(parts, size)
     expected = _reference(parts, ids, seed, steps, size, guidance_value=2496.0)
     assert image.shape == expected.shape == (64, 64, 3)
@@ -153,7 +140,7 @@ def test_distilled_t2i_equals_the_release_sequence_run_whole(runtime: Any, parts
         assert np.abs(other.astype(int) - expected.astype(int)).max() > 2, mutation
 
 
-def test_distilled_requests_denoise_together_as_alone(runtime: Any) -> None:
+def test_distilled_requests_denoise_together_as_alone(runtime: Any, run_dit: Any) -> None:
     """Requests of other guidance scales and step counts, and an edit, share forwards (each row its own
     <guidance> and <timestep_r>) and draw what each draws alone; the checkpoint's 8 steps by default."""
     from PIL import Image
@@ -165,9 +152,9 @@ def test_distilled_requests_denoise_together_as_alone(runtime: Any) -> None:
         "g4": ({"prompt": PROMPT}, {"seed": 1, "num_inference_steps": 2, "size": (64, 64), "guidance_scale": 4.0}),
         "steps3": ({"prompt": "A watercolor of mountains"}, {"seed": 2, "num_inference_steps": 3, "size": (64, 64)}),
     }
-    together = _finals(runtime, requests)
+    together = run_dit(runtime, requests)
     for name, request in requests.items():
-        alone = _finals(runtime, {name: request})[name]
+        alone = run_dit(runtime, {name: request})[name]
         assert np.abs(together[name]["image"].astype(int) - alone["image"].astype(int)).max() <= 1, name
     assert np.abs(together["g2.5"]["image"].astype(int) - together["g4"]["image"].astype(int)).max() > 8
     sample = runtime.model.prepare("d", {"prompt": PROMPT}, {"seed": 1, "size": (64, 64)})[0]
@@ -177,11 +164,8 @@ def test_distilled_requests_denoise_together_as_alone(runtime: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def omni(distil: Path) -> Any:
-    from omni_core.engine.offline import Omni
-
-    deploy = {"stages": {"ar": {"placement": "inline", "options": {"max_model_len": 256}}, "dit": {"placement": "inline", "share_model_with": "ar"}}}
-    with Omni(resolve(str(distil), deploy=deploy)) as engine:
+def omni(distil: Path, inline_omni: Any) -> Any:
+    with inline_omni(distil) as engine:
         yield engine
 
 
@@ -207,18 +191,15 @@ def test_think_recaption_then_draw_on_a_distilled_checkpoint(omni: Any, parts: A
 
 
 @pytest.fixture(scope="module")
-def dropping(distil: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def dropping(distil: Path, tmp_path_factory: pytest.TempPathFactory, inline_omni: Any) -> Any:
     """The distilled checkpoint with generation_config's ``drop_think`` on, served."""
-    from omni_core.engine.offline import Omni
-
     directory = tmp_path_factory.mktemp("hunyuan-distil-drop-think")
     for item in distil.iterdir():
         if item.name != "generation_config.json":
             (directory / item.name).symlink_to(item, target_is_directory=item.is_dir())
     generation = json.loads((distil / "generation_config.json").read_text())
     (directory / "generation_config.json").write_text(json.dumps({**generation, "drop_think": True}))
-    deploy = {"stages": {"ar": {"placement": "inline", "options": {"max_model_len": 256}}, "dit": {"placement": "inline", "share_model_with": "ar"}}}
-    with Omni(resolve(str(directory), deploy=deploy)) as engine:
+    with inline_omni(directory) as engine:
         yield engine
 
 

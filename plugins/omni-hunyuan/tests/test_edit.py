@@ -59,17 +59,6 @@ def _photo(seed: int, size: tuple[int, int] = (96, 64)) -> Any:
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
 
 
-def _finals(runtime: Any, requests: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    for request_id, (data, params) in requests.items():
-        runtime.add_request(request_id, StageInput(data=data, params=params))
-    finals: dict[str, dict[str, Any]] = {}
-    while runtime.has_unfinished():
-        for chunk in runtime.step():
-            if chunk.final:
-                finals[chunk.request_id] = chunk.data
-    return finals
-
-
 def _whole_sequence_velocity(
     model: Any, prefix_embeds: torch.Tensor, prefix_positions: torch.Tensor, spans: tuple[tuple[int, int], ...],
     latents: torch.Tensor, t: torch.Tensor, eoi: torch.Tensor,
@@ -125,13 +114,13 @@ def _reference(
     return decode_latents(decoder, latents, config.vae)[0].numpy()
 
 
-def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any, run_dit: Any) -> None:
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.resolution import ratio_sizes
 
     config = HunyuanConfig.from_pretrained(instruct)
     photo, seed, steps = _photo(1), 11, 2
-    image = _finals(runtime, {"edit": ({"prompt": PROMPT, "images": [photo]}, {"seed": seed, "num_inference_steps": steps, "size": (64, 64)})})["edit"]["image"]
+    image = run_dit(runtime, {"edit": ({"prompt": PROMPT, "images": [photo]}, {"seed": seed, "num_inference_steps": steps, "size": (64, 64)})})["edit"]["image"]
 
     ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((64, 64))
 
@@ -148,11 +137,11 @@ def test_an_edit_equals_the_release_sequence_run_whole(runtime: Any, instruct: P
     assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
 
 
-def test_the_input_image_and_its_place_matter(runtime: Any) -> None:
+def test_the_input_image_and_its_place_matter(runtime: Any, run_dit: Any) -> None:
     """Another input image, or none (t2i in the instruct template), draws another image; the same
     request twice draws the same; the model picks a ratio when no size is given."""
     params = {"seed": 3, "num_inference_steps": 2, "size": (64, 64)}
-    finals = _finals(runtime, {
+    finals = run_dit(runtime, {
         "a": ({"prompt": PROMPT, "images": [_photo(1)]}, params),
         "a again": ({"prompt": PROMPT, "images": [_photo(1)]}, params),
         "b": ({"prompt": PROMPT, "images": [_photo(2)]}, params),
@@ -170,7 +159,7 @@ def test_the_input_image_and_its_place_matter(runtime: Any) -> None:
     assert len(finals["a"]["prompt_token_ids"]) > len(finals["none"]["prompt_token_ids"]) + 64 // 16 * 96 // 16
 
 
-def test_align_image_size_stretches_the_input_and_resizes_the_output(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+def test_align_image_size_stretches_the_input_and_resizes_the_output(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any, run_dit: Any) -> None:
     """The release's ``infer_align_image_size``: the input image's VAE branch stretched to its bucket
     (not cropped), and the image drawn at that bucket resized (Lanczos) to the input's aspect ratio at
     about base^2 pixels: a 96x64 photo (bucket 80x48, 0.07 off its ratio) gives a 78x52 image; a
@@ -183,7 +172,7 @@ def test_align_image_size_stretches_the_input_and_resizes_the_output(runtime: An
     config = HunyuanConfig.from_pretrained(instruct)
     photo, seed, size = _photo(1), 11, (80, 48)
     params = {"seed": seed, "num_inference_steps": 2, "size": size}
-    finals = _finals(runtime, {
+    finals = run_dit(runtime, {
         "aligned": ({"prompt": PROMPT, "images": [photo]}, {**params, "align_image_size": True}),
         "plain": ({"prompt": PROMPT, "images": [photo]}, params),
         "square": ({"prompt": PROMPT, "images": [_photo(2, (64, 64))]}, {**params, "size": (64, 64), "align_image_size": True}),
@@ -206,7 +195,7 @@ def test_align_image_size_stretches_the_input_and_resizes_the_output(runtime: An
     assert np.abs(stretched.astype(int) - cropped.astype(int)).max() > 8  # (the two preprocessings differ)
 
 
-def test_instruct_t2i_rows_blank_only_the_prompt(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
+def test_instruct_t2i_rows_blank_only_the_prompt(runtime: Any, instruct: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any, run_dit: Any) -> None:
     """t2i on an Instruct checkpoint: the release's chat template, its uncond row keeping the scaffolding."""
     from omni_hunyuan.config import HunyuanConfig, generation_defaults
     from omni_hunyuan.prompt import image_rows
@@ -216,7 +205,7 @@ def test_instruct_t2i_rows_blank_only_the_prompt(runtime: Any, instruct: Path, m
 
     config = HunyuanConfig.from_pretrained(instruct)
     defaults = generation_defaults(instruct)
-    image = _finals(runtime, {"t2i": ({"prompt": PROMPT, "system": "Be vivid."}, {"seed": 4, "num_inference_steps": 2, "size": (64, 64)})})["t2i"]["image"]
+    image = run_dit(runtime, {"t2i": ({"prompt": PROMPT, "system": "Be vivid."}, {"seed": 4, "num_inference_steps": 2, "size": (64, 64)})})["t2i"]["image"]
 
     def enc(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
@@ -285,11 +274,8 @@ def test_the_input_processor_routes_images_by_modality(instruct: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def omni(instruct: Path) -> Any:
-    from omni_core.engine.offline import Omni
-
-    deploy = {"stages": {"ar": {"placement": "inline", "options": {"max_model_len": 256}}, "dit": {"placement": "inline", "share_model_with": "ar"}}}
-    with Omni(resolve(str(instruct), deploy=deploy)) as engine:
+def omni(instruct: Path, inline_omni: Any) -> Any:
+    with inline_omni(instruct) as engine:
         yield engine
 
 
@@ -422,7 +408,7 @@ def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_pa
     assert think["dit"].params["reasoning_prompt"]["ids"][1 : 1 + len(unified)] == unified
 
 
-def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any) -> None:
+def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any, run_dit: Any) -> None:
     """``/v1/images/edits`` as OpenAI's client sends it (the image a file upload) and a chat request
     with the image and ``modalities: ["image"]``: the dit stage's edit of that image, as run directly."""
     import base64
@@ -437,7 +423,7 @@ def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any) -> None:
     buffer = io.BytesIO()
     photo.save(buffer, format="PNG")
     params = {"seed": 9, "num_inference_steps": 2}
-    expected = _finals(runtime, {"direct": ({"prompt": PROMPT, "images": [photo], "system": None}, {**params, "size": (64, 64)})})["direct"]["image"]
+    expected = run_dit(runtime, {"direct": ({"prompt": PROMPT, "images": [photo], "system": None}, {**params, "size": (64, 64)})})["direct"]["image"]
     live = LiveServer.start(str(instruct), args=["--set", "ar.options.max_model_len=256"])
     try:
         client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -463,7 +449,7 @@ def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any) -> None:
         live.close()
 
 
-def test_omni_generate_edits_an_image_file(instruct: Path, runtime: Any, tmp_path: Path) -> None:
+def test_omni_generate_edits_an_image_file(instruct: Path, runtime: Any, tmp_path: Path, run_dit: Any) -> None:
     """``omni generate MODEL --image F --prompt P --modalities image``: the edit, as a PNG, equal to the
     dit stage's edit of that file run directly."""
     from click.testing import CliRunner
@@ -474,7 +460,7 @@ def test_omni_generate_edits_an_image_file(instruct: Path, runtime: Any, tmp_pat
     photo = tmp_path / "photo"  # (no extension: read by its bytes)
     _photo(8).save(photo, format="PNG")
     params = {"seed": 4, "num_inference_steps": 2, "size": [64, 64]}
-    expected = _finals(runtime, {"direct": ({"prompt": PROMPT, "images": [Image.open(photo)], "system": None}, params)})["direct"]["image"]
+    expected = run_dit(runtime, {"direct": ({"prompt": PROMPT, "images": [Image.open(photo)], "system": None}, params)})["direct"]["image"]
     inline = ["--set", "ar.placement=inline", "--set", "dit.placement=inline", "--set", "ar.options.max_model_len=256"]
     args = ["generate", str(instruct), "--image", str(photo), "--prompt", PROMPT, "--modalities", "image", "--out", str(tmp_path / "out"), "--json"]
     result = CliRunner().invoke(cli, [*args, "--stage-params", json.dumps({"dit": params}), *inline])
