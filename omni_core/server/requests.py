@@ -7,9 +7,8 @@ from typing import Any, Mapping
 from omni_core.config.resolved import ResolvedPipeline
 from omni_core.engine.request import OmniRequest, new_request_id
 from omni_core.engine.vllm_inputs import request_from_vllm_prompt
-from omni_core.errors import InvalidRequestError
 from omni_core.media_access import MediaAccess
-from omni_core.server.errors import APIError
+from omni_core.server.errors import APIError, to_api_error
 from omni_core.server.media_urls import chat_messages, data_url
 from omni_core.server.protocol import (
     ChatCompletionRequest,
@@ -395,11 +394,13 @@ VIDEO_FRAME_FIELDS = {"input_reference": "image", "last_frame": "last_image"}
 """``/v1/videos``' frame fields -> the request fields (`OmniRequest.extra`) input processors read."""
 
 
-def video_field_error(exc: InvalidRequestError) -> APIError:
-    """A refusal of a video request's field, its param named as ``/v1/videos`` names it (``last_frame``,
-    not the request field ``last_image`` an input processor names)."""
+def video_field_error(exc: BaseException) -> APIError:
+    """`to_api_error` of a video request's failure, a refused field named as ``/v1/videos`` names it
+    (``last_frame``, not the request field ``last_image`` an input processor names)."""
+    api = to_api_error(exc)
     names = {key: field for field, key in VIDEO_FRAME_FIELDS.items()}
-    return APIError(400, str(exc), param=names.get(exc.param, exc.param) if exc.param else None)
+    api.param = names.get(api.param, api.param) if api.param else None
+    return api
 
 
 def video_request(

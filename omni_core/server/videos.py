@@ -15,10 +15,9 @@ from typing import Any, Literal
 import attrs
 import msgspec
 
-from omni_core.errors import InvalidRequestError
 from omni_core.media import encode_mp4
 from omni_core.server.encoding import encode_image
-from omni_core.server.errors import APIError, to_api_error
+from omni_core.server.errors import APIError
 from omni_core.server.generation import Tracked
 from omni_core.server.protocol import ErrorDetail, VideoDeleted, VideoJob, VideoList
 from omni_core.server.requests import video_field_error
@@ -86,8 +85,7 @@ class VideoJobs:
                 seconds=f"{frames / fps:.3f}".rstrip("0").rstrip("."), size=f"{width}x{height}",
             )
         except Exception as exc:
-            # (a stage's refusal names its request field: named as /v1/videos names it)
-            api = video_field_error(exc) if isinstance(exc, InvalidRequestError) else to_api_error(exc)
+            api = video_field_error(exc)  # (a stage's refusal names its request field: named as /v1/videos names it)
             error = ErrorDetail(message=str(api), type=api.type, param=api.param, code=api.code)
             entry.job = msgspec.structs.replace(entry.job, status="failed", completed_at=int(time.time()), error=error)
 

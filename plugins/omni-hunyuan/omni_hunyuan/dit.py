@@ -67,6 +67,7 @@ class _State:
     guidance_scale: float
     prompt_ids: list[int]  # the text the image is drawn after (what the request's usage counts)
     resize_to: tuple[int, int] | None = None  # align_image_size: (width, height) after decoding
+    guidance_token: torch.Tensor | None = None  # -Distil: [1] on the device, what <guidance> embeds (`distilled_guidance`)
 
 
 class HunyuanDiT(DiffusionModel):
@@ -159,7 +160,10 @@ class HunyuanDiT(DiffusionModel):
         return [
             DiffusionSample(
                 request_id, index, steps, (side_h, side_w),
-                _State(prefix, initial_noise(seed + index, self.config.latent_channels, side_h, side_w, self.device), sigmas, guidance, text_ids),
+                _State(
+                    prefix, initial_noise(seed + index, self.config.latent_channels, side_h, side_w, self.device), sigmas, guidance, text_ids,
+                    guidance_token=self._guidance_token(guidance),
+                ),
                 tokens=tokens,
             )
             for index in range(n)
@@ -169,6 +173,11 @@ class HunyuanDiT(DiffusionModel):
         """Whether a request draws with CFG rows ([cond, uncond]): a scale above 1 on a checkpoint not
         guidance-distilled (a -Distil one embeds the scale in its <guidance> token instead)."""
         return guidance > 1.0 and not self.config.cfg_distilled
+
+    def _guidance_token(self, guidance: float) -> torch.Tensor | None:
+        """A -Distil checkpoint's ``<guidance>`` value for the request, put on the device once (not a
+        host-to-device copy at every step); None for a checkpoint with CFG."""
+        return torch.tensor([distilled_guidance(guidance)], device=self.device) if self.config.cfg_distilled else None
 
     def _conditions(self, images: list[Any], stretch: bool = False) -> list[Any]:
         """The input images preprocessed for their blocks (`omni_hunyuan.understanding.CondImage`;
@@ -232,7 +241,7 @@ class HunyuanDiT(DiffusionModel):
             prefix = _Prefix(torch.tensor(rows, device=self.device), embedded=(torch.stack(row_embeds), positions, laid.spans))
             own = [(c.ratio, c.original) for c in conds if c.original is not None]
             resize = aligned_size(ratio, own, self.config.image_base_size, self.num_ratios) if align else None
-            state = _State(prefix, noise, sigmas, guidance, ids, resize)
+            state = _State(prefix, noise, sigmas, guidance, ids, resize, self._guidance_token(guidance))
             samples.append(DiffusionSample(request_id, index, steps, (side_h, side_w), state, tokens=len(rows) * (len(self.step_ids) + side_h * side_w)))
         return samples
 
@@ -359,7 +368,7 @@ class HunyuanDiT(DiffusionModel):
         totals = [sample.total_steps for sample, n in zip(samples, rows) for _ in range(n)]
         scalars: dict[str, torch.Tensor] = {}
         if self.config.cfg_distilled:
-            scalars["guidance"] = torch.tensor([distilled_guidance(state.guidance_scale) for state in states], device=self.device)
+            scalars["guidance"] = torch.cat([state.guidance_token for state in states])
         if self.config.use_meanflow:
             scalars["timestep_r"] = torch.stack([state.sigmas[sample.step + 1] * 1000 for sample, state in zip(samples, states)])
         velocity = self.transformer.velocity(self._batch[1], latents, timesteps, cache_rows, steps, totals, repeats=rows, **scalars).float()
