@@ -1,7 +1,7 @@
 """HunyuanImage-3.0's routed experts, one matmul per expert, on one CUDA stream or several (not a test;
 an experiment).
 
-    python bench/hunyuan_expert_streams.py --device cpu --tokens 512 --hidden 256 --intermediate 192   # smoke test
+    python bench/hunyuan_expert_streams.py --device cpu --dtype float32 --tokens 512 --hidden 256 --intermediate 192   # smoke test
     OMNI_BENCH=hunyuan_expert_streams bash bench/gpu/run.sh gpu          # a CUDA machine
 
 The dit stage runs a layer's routed experts as ~130 dense matmuls (`omni_hunyuan.layers.per_expert_mm`:
@@ -10,9 +10,9 @@ Each matmul of ~4,096 rows is a few waves of output tiles; its last wave leaves 
 matmul starts. This times the served loop against the same matmuls dealt round-robin to 2 or 3
 streams (each expert's up and down on its own stream, so a matmul's tail overlaps the next one's
 head), with and without the shared expert's matmuls on a stream of their own, and against
-``torch._grouped_mm``; each variant's output is compared with the served one's (exact: the same
-kernels on the same rows). The expert counts come from a top-k of random router logits (``--skew``
-tilts them, as a trained router's uneven loads would). Written to ``$OUT/hunyuan-expert-streams-<preset>.md``.
+``torch._grouped_mm``; each variant's output is compared with the served one's (largest difference;
+the streamed variants run the same kernels on the same rows). The expert counts come from a top-k of
+random router logits (``--skews`` tilts them, as a trained router's uneven loads would). Written to ``$OUT/hunyuan-expert-streams-<preset>.md``.
 
 Measured on an H100 (bench/results/hunyuan-expert-streams-h100.md): two streams 1.034x alone, three
 0.976x, the shared expert on a side stream 1.051x; in the served dit stage two streams made no more
