@@ -10,6 +10,7 @@ deploy overrides, and slow only in this process (the engine's), so the stage wor
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,6 @@ from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.errors import ConfigError
 from omni_core.plugins import PluginHost, load_plugins
 from omni_core.server.app import create_app
-from omni_core.testing.live_server import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -48,17 +48,21 @@ def host() -> PluginHost:
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path, host: PluginHost) -> Iterator[str]:
-    """The app on a free loopback port, served by uvicorn in a thread (its own event loop)."""
+    """The app on a free loopback port, served by uvicorn in a thread (its own event loop). The port is
+    bound here and the socket handed to uvicorn: a port chosen free and bound only once the engine
+    has started was taken in between once (``address already in use``, a CI run)."""
     overrides = [
         "output_connector.connector=slow",
         f"output_connector.put_delay_s={PUT_DELAY_S}",
         f"output_connector.slow_pid={os.getpid()}",
     ]
     engine = AsyncOmniEngine(resolve(str(model_dir), overrides=overrides, plugins=host))
-    port = free_port()
-    config = uvicorn.Config(create_app(engine, model_name="toy"), host="127.0.0.1", port=port, log_level="warning")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    config = uvicorn.Config(create_app(engine, model_name="toy"), log_level="warning")
     uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, name="uvicorn", daemon=True)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [listener]}, name="uvicorn", daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 240
@@ -69,6 +73,7 @@ def server(model_dir: Path, host: PluginHost) -> Iterator[str]:
     finally:
         uv.should_exit = True
         thread.join(60)
+        listener.close()
 
 
 CHAT = {"model": "toy", "modalities": ["text"], "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
