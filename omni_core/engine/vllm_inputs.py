@@ -16,7 +16,7 @@ text as it is, and others refuse it (`refuse_vllm_prompt`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from omni_core.engine.request import OmniRequest
@@ -69,6 +69,27 @@ def request_from_vllm_prompt(prompt: Mapping[str, Any], params: dict[str, dict[s
         params=dict(params or {}),
         extra=extra,
     )
+
+
+def mm_processor_flags(request: OmniRequest, known: Collection[str], family: str) -> dict[str, bool]:
+    """The request's ``mm_processor_kwargs`` (vLLM's request field: the chat body's or a vLLM prompt's)
+    for a family that reads only the true/false options `known`: those it sets. Not an object, another
+    key or a value not true/false is an `InvalidRequestError` naming the field."""
+    kwargs = request.extra.get("mm_processor_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise InvalidRequestError(f"mm_processor_kwargs must be an object, got {type(kwargs).__name__}", param="mm_processor_kwargs")
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise InvalidRequestError(
+            f"mm_processor_kwargs: {family} takes only {', '.join(map(repr, sorted(known)))}, not {', '.join(map(repr, unknown))}",
+            param="mm_processor_kwargs",
+        )
+    for key, value in kwargs.items():
+        if not isinstance(value, bool):
+            raise InvalidRequestError(f"mm_processor_kwargs.{key} must be true or false, got {value!r}", param="mm_processor_kwargs")
+    return dict(kwargs)
 
 
 def refuse_vllm_prompt(request: OmniRequest, family: str) -> None:

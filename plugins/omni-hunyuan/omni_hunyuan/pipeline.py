@@ -38,6 +38,7 @@ from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 from omni_core.config.pipeline import EdgeSpec, PipelineConfig, StageSpec, TaskSpec
 from omni_core.engine.inputs import last_user_images, last_user_text
 from omni_core.engine.params import int_param
+from omni_core.engine.vllm_inputs import mm_processor_flags
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import Chunk, StageInput
 from omni_core.parts import EdgeAdapter, InputProcessor, InternalKeysOutput
@@ -222,15 +223,7 @@ class HunyuanInputProcessor(InputProcessor):
     def _align(request: Any) -> bool:
         """``align_image_size`` (the release's ``infer_align_image_size``): from the request's
         ``mm_processor_kwargs`` (vLLM's field: both stages), else the ``dit`` stage parameter."""
-        kwargs = request.extra.get("mm_processor_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise InvalidRequestError(f"mm_processor_kwargs must be an object, got {type(kwargs).__name__}", param="mm_processor_kwargs")
-        unknown = sorted(set(kwargs) - {ALIGN_PARAM})
-        if unknown:
-            raise InvalidRequestError(
-                f"mm_processor_kwargs: HunyuanImage-3.0 takes only {ALIGN_PARAM!r}, not {', '.join(map(repr, unknown))}",
-                param="mm_processor_kwargs",
-            )
+        kwargs = mm_processor_flags(request, (ALIGN_PARAM,), "HunyuanImage-3.0")
         align = kwargs.get(ALIGN_PARAM, request.params.get(STAGE, {}).get(ALIGN_PARAM, False))
         if not isinstance(align, bool):
             raise InvalidRequestError(f"{ALIGN_PARAM} must be true or false, got {align!r}", param=ALIGN_PARAM)

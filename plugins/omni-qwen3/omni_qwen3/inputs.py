@@ -26,7 +26,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from omni_core.config.modelref import read_hf_config
-from omni_core.engine.vllm_inputs import VLLM_PROMPT
+from omni_core.engine.vllm_inputs import VLLM_PROMPT, mm_processor_flags
 from omni_core.errors import InvalidRequestError
 from omni_core.outputs import StageInput
 from omni_core.parts import InputProcessor, PartContext
@@ -412,21 +412,7 @@ def _audio_item(item: Any, where: str) -> tuple[Any, int]:
 def _use_audio_in_video(request: OmniRequest) -> bool:
     """The request's ``mm_processor_kwargs`` (vLLM's request field): only ``use_audio_in_video``
     (a video's sound track as audio input, interleaved with its frames by time) is understood."""
-    kwargs = request.extra.get("mm_processor_kwargs")
-    if kwargs is None:
-        return False
-    if not isinstance(kwargs, dict):
-        raise InvalidRequestError("mm_processor_kwargs must be an object", param="mm_processor_kwargs")
-    unknown = sorted(set(kwargs) - {"use_audio_in_video"})
-    if unknown:
-        raise InvalidRequestError(
-            f"unsupported mm_processor_kwargs {unknown}: Qwen3-Omni takes only use_audio_in_video",
-            param="mm_processor_kwargs",
-        )
-    value = kwargs.get("use_audio_in_video", False)
-    if not isinstance(value, bool):
-        raise InvalidRequestError("mm_processor_kwargs.use_audio_in_video must be true or false", param="mm_processor_kwargs")
-    return value
+    return mm_processor_flags(request, ("use_audio_in_video",), "Qwen3-Omni").get("use_audio_in_video", False)
 
 
 def _data_url_bytes(value: Any, where: str, kind: str, example: str) -> bytes:
