@@ -49,7 +49,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import attrs
 import numpy as np
@@ -366,7 +366,10 @@ class OmniSystem:
 
 @attrs.define
 class Report:
-    """Everything one part measured, written as JSON and markdown after every configuration."""
+    """Everything one part measured, written as JSON and markdown after every configuration
+    (``<name>-<preset>.json`` and ``.md``; bench/minimax_h3.py's report extends it)."""
+
+    name: ClassVar[str] = "diffusion"
 
     args: dict[str, Any]
     out: Path
@@ -377,7 +380,7 @@ class Report:
 
     def path(self, suffix: str) -> Path:
         # Not Path.with_suffix: it takes the ".2b" of "diffusion-1.2b" for a suffix (diffusion-1.json).
-        return self.out / f"diffusion-{self.args['preset']}{suffix}"
+        return self.out / f"{self.name}-{self.args['preset']}{suffix}"
 
     def row(self, run: Run) -> dict[str, Any]:
         m = self.meta

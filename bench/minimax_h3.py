@@ -43,16 +43,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
+import diffusion
 from diffusion import PeakMemory, matmul_ceiling, psnr, synchronize
 
 PROMPTS = [
@@ -437,18 +437,12 @@ def spread(values: list[float]) -> str:
 
 
 @attrs.define
-class Report:
-    """Everything one run measured, written as JSON and markdown after every configuration."""
+class Report(diffusion.Report):
+    """Everything one run measured (`diffusion.Report`'s fields, JSON and paths), with this benchmark's
+    FLOPs, rows, summary and markdown."""
 
-    args: dict[str, Any]
-    out: Path
-    meta: dict[str, Any] = attrs.field(factory=dict)
+    name: ClassVar[str] = "minimax-h3"
     runs: list[Run] = attrs.field(factory=list)
-    notes: list[str] = attrs.field(factory=list)
-    skipped: list[str] = attrs.field(factory=list)
-
-    def path(self, suffix: str) -> Path:
-        return self.out / f"minimax-h3-{self.args['preset']}{suffix}"
 
     def flops(self, skipped_steps: float = 0.0) -> tuple[float, float]:
         """(model FLOPs, executed FLOPs) of one request; `skipped_steps` ran only the first block."""
@@ -521,13 +515,8 @@ class Report:
                 }
         return out
 
-    def write(self) -> None:
-        data = {"meta": self.meta, "args": self.args, "runs": [self.row(r) for r in self.runs], "summary": self.summary(),
-                "notes": self.notes, "skipped": self.skipped}
-        self.path(".json").write_text(json.dumps(data, indent=1, default=float))
-        self.path(".md").write_text(self.markdown())
-
-    def markdown(self) -> str:
+    def markdown(self, rows: list[dict[str, Any]]) -> str:
+        """(`rows`, `row` of each run in order, is unused: the tables group the runs by configuration.)"""
         a, m = self.args, self.meta
         w, h = a["size"]
         model, _ = self.flops()

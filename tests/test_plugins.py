@@ -84,21 +84,24 @@ def host_with(*plugins: object, entry_points: list[FakeEntryPoint] | None = None
 
 # -- loading -------------------------------------------------------------------------------------
 
+# What `omni plugins` says of the core's own parts (`PluginHost.describe`), whatever else is installed.
+BUILTINS_DESCRIPTION = {
+    "name": BUILTINS_NAME,
+    "version": __version__,
+    "hooks": ["register_connectors", "register_placements", "register_quantization_resolvers", "register_stage_runtimes"],
+    "registered": {
+        "stage kinds": ["ar", "diffusion", "generation"],
+        "connectors": ["inproc", "shm"],
+        "quantization resolvers": ["fp8", "int8"],
+        "placements": ["inline", "process", "ray"],
+    },
+    "error": None,
+}
+
 
 def test_builtins_always_loaded_first_and_register_core_parts() -> None:
     host = load_plugins(allowlist=[], entry_points=[FakeEntryPoint("omni-qwen3", families_plugin("q", QWEN))])
-    assert host.describe()[0] == {
-        "name": BUILTINS_NAME,
-        "version": __version__,
-        "hooks": ["register_connectors", "register_placements", "register_quantization_resolvers", "register_stage_runtimes"],
-        "registered": {
-            "stage kinds": ["ar", "diffusion", "generation"],
-            "connectors": ["inproc", "shm"],
-            "quantization resolvers": ["fp8", "int8"],
-            "placements": ["inline", "process", "ray"],
-        },
-        "error": None,
-    }
+    assert host.describe()[0] == BUILTINS_DESCRIPTION
     assert host.stage_runtime("ar") == "omni_core.stages.ar:ARStageRuntime"
     assert host.connector("shm") == "omni_core.connectors.shm:SharedMemoryConnector"
     assert host.owner("connector", "inproc") == BUILTINS_NAME
@@ -475,18 +478,7 @@ def test_describe_lists_every_plugin_in_load_order() -> None:
         entry_points=[FakeEntryPoint("omni-qwen3", families_plugin("q", QWEN), version=None)],
     )
     assert host.describe() == [
-        {
-            "name": BUILTINS_NAME,
-            "version": __version__,
-            "hooks": ["register_connectors", "register_placements", "register_quantization_resolvers", "register_stage_runtimes"],
-            "registered": {
-                "stage kinds": ["ar", "diffusion", "generation"],
-                "connectors": ["inproc", "shm"],
-                "quantization resolvers": ["fp8", "int8"],
-                "placements": ["inline", "process", "ray"],
-            },
-            "error": None,
-        },
+        BUILTINS_DESCRIPTION,
         {
             "name": "omni-qwen3",
             "version": None,
