@@ -41,7 +41,7 @@ plugins=()
 for dir in plugins/*/ tests/toy-plugin/; do
   [ -f "$dir/pyproject.toml" ] && plugins+=(-e "$dir")
 done
-echo "installing omni-core and ${#plugins[@]} plugin(s) (editable) ..." >&2
+echo "installing omni-core and $((${#plugins[@]} / 2)) plugin(s) (editable) ..." >&2
 "${PIP[@]}" install -e ".[test]" "${plugins[@]}" "diffusers==0.42.1"
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 # omni-hunyuan's image tests compare with nemo-automodel's Apache-2.0 HunyuanImage-3 code; its
