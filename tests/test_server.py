@@ -828,19 +828,39 @@ def test_non_streaming_client_disconnect_cancels_in_every_stage(process_server: 
     assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120).status_code == 200
     full_duration = time.monotonic() - started
 
-    cancelled_before = _metric(httpx.get(f"{url}/metrics").text, "omni_requests_cancelled_total")
     payload = json.dumps(body).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Content-Type": "application/json", "Content-Length": len(payload)}.items())
     address = httpx.URL(url)
-    with socket.create_connection((address.host, address.port), timeout=30) as client:
-        client.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.host}\r\n{head}\r\n".encode() + payload)
-        deadline = time.monotonic() + full_duration
-        while not any(r["active_requests"] for r in httpx.get(f"{url}/health").json()["replicas"]):
-            assert time.monotonic() < deadline, "the request never started"
-            time.sleep(0.02)
-        left = time.monotonic()
+    # The client hangs up as soon as a stage runs the request. If this (test) process was descheduled
+    # so long that the request had run to its end before it was seen running, the attempt tests
+    # nothing: wait until the server is idle and try again (a server that never reports it running
+    # fails every attempt).
+    for _attempt in range(3):
+        _wait_idle(url, full_duration + 30)
+        cancelled_before = _metric(httpx.get(f"{url}/metrics").text, "omni_requests_cancelled_total")
+        with socket.create_connection((address.host, address.port), timeout=30) as client:
+            client.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.host}\r\n{head}\r\n".encode() + payload)
+            deadline = time.monotonic() + full_duration
+            while not (running := any(r["active_requests"] for r in httpx.get(f"{url}/health").json()["replicas"])):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            left = time.monotonic()
+        if running:
+            break
+    assert running, "three times the request had ended in every stage before it was seen running"
     _assert_cancelled_everywhere(url, cancelled_before, left, full_duration)
     _complete_ok(process_server, served)
+
+
+def _wait_idle(url: str, timeout: float) -> None:
+    """Until no request runs in the server or any stage (an earlier attempt's, ending or cancelled)."""
+    deadline = time.monotonic() + timeout
+    while _metric(httpx.get(f"{url}/metrics").text, "omni_requests_running") or any(
+        r["active_requests"] for r in httpx.get(f"{url}/health").json()["replicas"]
+    ):
+        assert time.monotonic() < deadline, "the server never became idle"
+        time.sleep(0.05)
 
 
 def _assert_cancelled_everywhere(url: str, cancelled_before: float, left: float, full_duration: float) -> None:
