@@ -98,13 +98,14 @@ def register_commands(cli: click.Group) -> None:
 def register_routes(register: Callable[[str], None]) -> None:
     """Register extra server routes: ``register("pkg.mod:handler_or_controller")`` (Litestar).
 
-    A handler declares what it needs by parameter name (Litestar dependency injection):
-    ``engine: omni_core.engine.async_engine.AsyncOmniEngine`` (``await engine.generate(request)``,
-    ``engine.pipeline``) and ``server: omni_core.server.state.ServerState`` (the served model name,
-    metrics, video jobs), e.g.::
+    A handler declares what it needs by parameter name, marked ``litestar.di.NamedDependency[...]``
+    (Litestar's dependency injection; unmarked, it is inferred with a deprecation warning, and not
+    at all from Litestar 3): ``engine`` (`omni_core.engine.async_engine.AsyncOmniEngine`: ``await
+    engine.generate(request)``, ``engine.pipeline``) and ``server``
+    (`omni_core.server.state.ServerState`: the served model name, metrics, video jobs), e.g.::
 
         @litestar.get("/v1/my-family/info")
-        async def info(engine: AsyncOmniEngine) -> dict[str, str]:
+        async def info(engine: NamedDependency[AsyncOmniEngine]) -> dict[str, str]:
             return {"family": engine.pipeline.family}
 
     Errors raised as `omni_core.errors.InvalidRequestError` become OpenAI-style 400 bodies, as in

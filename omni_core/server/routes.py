@@ -13,7 +13,8 @@ import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.enums import RequestEncodingType
 from litestar.openapi import ResponseSpec
-from litestar.params import Body
+from litestar.di import NamedDependency
+from litestar.params import Body, FromPath, FromQuery
 from litestar.response import ServerSentEvent
 from litestar.response.sse import ServerSentEventMessage
 from typing_extensions import Annotated
@@ -156,7 +157,7 @@ class ChatController(Controller):
     tags = ["chat"]
 
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a chat completion (text, or text + audio)")
-    async def create(self, data: Annotated[ChatCompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
+    async def create(self, data: Annotated[ChatCompletionRequest, Body()], server: NamedDependency[ServerState], request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, chat_request, data, server.media, server.max_prompt_chars, request=request)
         audio_format = data.audio.format if data.audio else "wav"
@@ -258,7 +259,7 @@ class CompletionsController(Controller):
     tags = ["completions"]
 
     @post(status_code=200, responses=SSE_RESPONSE, summary="Create a completion (the prompt's text continued as it is, no chat template)")
-    async def create(self, data: Annotated[CompletionRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
+    async def create(self, data: Annotated[CompletionRequest, Body()], server: NamedDependency[ServerState], request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         batch = await _start_all(server, await _omni_request(server, completion_requests, data, server.max_prompt_chars, request=request))
         if data.stream:
@@ -396,7 +397,7 @@ class AudioController(Controller):
     tags = ["audio"]
 
     @post("/speech", status_code=200, responses={200: ResponseSpec(data_container=bytes, media_type="audio/wav", description="The audio file, or server-sent events with stream_format sse"), **ERROR_RESPONSES}, summary="Text to speech")
-    async def speech(self, data: Annotated[SpeechRequest, Body()], server: ServerState, request: Request) -> Response[Any]:
+    async def speech(self, data: Annotated[SpeechRequest, Body()], server: NamedDependency[ServerState], request: Request) -> Response[Any]:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, speech_request, data, server.max_prompt_chars, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
@@ -431,7 +432,7 @@ class ImagesController(Controller):
     tags = ["images"]
 
     @post("/generations", status_code=200, responses=ERROR_RESPONSES, summary="Generate images from a prompt")
-    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
+    async def generations(self, data: Annotated[ImageGenerationRequest, Body()], server: NamedDependency[ServerState], request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, image_request, data, server.max_prompt_chars, server.engine.param_names, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
@@ -439,7 +440,7 @@ class ImagesController(Controller):
         return _images_response(result, data)
 
     @post("/edits", status_code=200, responses=ERROR_RESPONSES, summary="Edit images from a prompt", request_class=_ImageEditForm)
-    async def edits(self, data: Annotated[ImageEditRequest, Body()], server: ServerState, request: Request) -> ImagesResponse:
+    async def edits(self, data: Annotated[ImageEditRequest, Body()], server: NamedDependency[ServerState], request: Request) -> ImagesResponse:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, image_edit_request, data, server.media, server.max_prompt_chars, server.engine.param_names, request=request)
         tracked = await Tracked.start_request(server.engine, omni_request, server.metrics)
@@ -464,7 +465,7 @@ class VideosController(Controller):
     tags = ["videos"]
 
     @post(status_code=200, responses=ERROR_RESPONSES, summary="Start a video generation job", request_class=_VideoForm)
-    async def create(self, data: Annotated[VideoRequest, Body()], server: ServerState, request: Request) -> VideoJob:
+    async def create(self, data: Annotated[VideoRequest, Body()], server: NamedDependency[ServerState], request: Request) -> VideoJob:
         check_model(server.engine.pipeline.model, server.model_name, data.model)
         omni_request = await _omni_request(server, video_request, data, server.media, server.max_prompt_chars, server.engine.param_names, request=request)
         try:
@@ -475,35 +476,36 @@ class VideosController(Controller):
 
     @get(responses={400: ERROR_RESPONSES[400], 404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="The video jobs, a page at a time")
     async def list_videos(
-        self, server: ServerState, limit: int = 20, after: str | None = None, order: Literal["asc", "desc"] = "desc"
+        self, server: NamedDependency[ServerState], limit: FromQuery[int] = 20, after: FromQuery[str | None] = None,
+        order: FromQuery[Literal["asc", "desc"]] = "desc",
     ) -> VideoList:
         return server.videos.list(limit, after, order)
 
     @delete("/{video_id:str}", status_code=200, responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="Cancel a video job and forget it")
-    async def delete_video(self, video_id: str, server: ServerState) -> VideoDeleted:
+    async def delete_video(self, video_id: FromPath[str], server: NamedDependency[ServerState]) -> VideoDeleted:
         return await server.videos.delete(video_id)
 
     @get("/{video_id:str}", responses={404: ERROR_RESPONSES[404], 401: ERROR_RESPONSES[401]}, summary="A video job's status")
-    async def retrieve(self, video_id: str, server: ServerState) -> VideoJob:
+    async def retrieve(self, video_id: FromPath[str], server: NamedDependency[ServerState]) -> VideoJob:
         return server.videos.job(video_id)
 
     @get(
         "/{video_id:str}/content", responses={**ERROR_RESPONSES, 409: ResponseSpec(data_container=ErrorResponse, description="The video is not finished yet")},
         summary="The finished video (MP4), or its thumbnail (WebP) or spritesheet (JPEG)", media_type="video/mp4",
     )
-    async def content(self, video_id: str, server: ServerState, variant: VideoVariant = "video") -> Response[bytes]:
+    async def content(self, video_id: FromPath[str], server: NamedDependency[ServerState], variant: FromQuery[VideoVariant] = "video") -> Response[bytes]:
         return Response(server.videos.content(video_id, variant), media_type=VARIANT_MEDIA_TYPES[variant])
 
 
 @get("/v1/models", tags=["models"], responses={401: ERROR_RESPONSES[401]}, summary="The served model")
-async def list_models(server: ServerState) -> ModelList:
+async def list_models(server: NamedDependency[ServerState]) -> ModelList:
     pipeline = server.engine.pipeline
     card = ModelCard(id=server.model_name, created=server.created, root=str(pipeline.model_path) or None, max_model_len=max_model_len(pipeline))
     return ModelList(data=[card])
 
 
 @get("/health", tags=["health"], summary="Liveness and readiness of every stage replica")
-async def health(server: ServerState) -> Response[Any]:
+async def health(server: NamedDependency[ServerState]) -> Response[Any]:
     replicas = await server.engine.health()
     healthy = bool(replicas) and all(r.get("healthy") for r in replicas)
     body: dict[str, Any] = {"status": "ok" if healthy else "unhealthy", "replicas": replicas}
@@ -514,7 +516,7 @@ async def health(server: ServerState) -> Response[Any]:
 
 
 @get("/metrics", tags=["metrics"], summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
-async def metrics(server: ServerState) -> Response[bytes]:
+async def metrics(server: NamedDependency[ServerState]) -> Response[bytes]:
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
