@@ -23,7 +23,9 @@ from omni_core.engine.result import OmniResult
 from omni_core.errors import InvalidRequestError, RequestCancelledError, StageError
 from omni_core.testing.live_server import launch_env
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+# The async tests share the module-scoped engine, so they run on its (module-scoped) event loop.
+ON_ENGINE_LOOP = pytest.mark.asyncio(loop_scope="module")
 
 PROMPTS = ["Once upon a time", "hello", "The quick brown fox jumps", "a b c d e f g", "Omni", "what is this?", "numbers 1 2 3", "zz"]
 
@@ -55,6 +57,7 @@ def transformers_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: 
     return out[0, len(prompt_ids):].tolist()
 
 
+@ON_ENGINE_LOOP
 async def test_text_and_audio_route_through_both_stages_in_order(engine, model_dir):
     request = OmniRequest(prompt=PROMPTS[0], modalities=("text", "audio"), params={"lm": {"max_tokens": 12, "ignore_eos": True}})
     result, deltas = await run(engine, request)
@@ -68,11 +71,13 @@ async def test_text_and_audio_route_through_both_stages_in_order(engine, model_d
     assert result.sample_rate == 16000 and len(result.audio) == 8 * 12  # 8 samples per token frame
 
 
+@ON_ENGINE_LOOP
 async def test_text_only_request_skips_the_vocoder(engine):
     result, deltas = await run(engine, OmniRequest(prompt="hello", modalities=("text",), params={"lm": {"max_tokens": 4, "ignore_eos": True}}))
     assert {d.stage for d in deltas} == {"lm"} and result.audio is None and len(result.token_ids) == 4
 
 
+@ON_ENGINE_LOOP
 async def test_concurrent_requests_each_get_their_own_result(engine):
     def request(prompt: str) -> OmniRequest:
         return OmniRequest(prompt=prompt, modalities=("text", "audio"), params={"lm": {"max_tokens": 10}})
@@ -85,6 +90,7 @@ async def test_concurrent_requests_each_get_their_own_result(engine):
     assert len({tuple(t.prompt_token_ids) for t, _ in together}) == len(PROMPTS)
 
 
+@ON_ENGINE_LOOP
 async def test_streaming_off_gives_the_same_result(engine, model_dir, host):
     request = lambda: OmniRequest(prompt=PROMPTS[2], modalities=("text", "audio"), params={"lm": {"max_tokens": 10, "ignore_eos": True}})  # noqa: E731
     streamed, _ = await run(engine, request())
@@ -96,6 +102,7 @@ async def test_streaming_off_gives_the_same_result(engine, model_dir, host):
     np.testing.assert_allclose(result.audio, streamed.audio, atol=1e-6)
 
 
+@ON_ENGINE_LOOP
 async def test_cancellation_frees_the_request_in_every_stage(engine):
     request = OmniRequest(prompt="long", modalities=("text", "audio"), params={"lm": {"max_tokens": 200, "ignore_eos": True}})
     stream = await engine.submit(request)
@@ -115,6 +122,7 @@ async def test_cancellation_frees_the_request_in_every_stage(engine):
     assert len(result.token_ids) == 3
 
 
+@ON_ENGINE_LOOP
 async def test_bad_input_fails_that_request_only(engine):
     too_long = OmniRequest(prompt="word " * 400, params={"lm": {"max_tokens": 4}})
     fine = OmniRequest(prompt="fine", params={"lm": {"max_tokens": 4, "ignore_eos": True}})
@@ -123,6 +131,7 @@ async def test_bad_input_fails_that_request_only(engine):
     assert len(good[0].token_ids) == 4
 
 
+@ON_ENGINE_LOOP
 async def test_stage_failure_and_crash_give_errors_then_recover(engine):
     failing = OmniRequest(prompt="x", modalities=("text", "audio"), params={"lm": {"max_tokens": 4}, "vocoder": {"fail": "stage"}})
     with pytest.raises(StageError, match="vocoder"):

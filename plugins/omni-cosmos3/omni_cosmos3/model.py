@@ -99,7 +99,7 @@ class Cosmos3Model(DiffusionModel):
         self.parallel = spec.parallel
         kwargs: dict[str, Any] = {"enable_safety_checker": False}
         if self.dtype != torch.float32:
-            kwargs["torch_dtype"] = self.dtype
+            kwargs["dtype"] = self.dtype
         pipe = Cosmos3OmniPipeline.from_pretrained(str(self.path), **kwargs)
         self.device = torch.device(spec.device)
         pipe.to(self.device)

@@ -58,7 +58,7 @@ def request(seed: int, size=(32, 32), steps: int = 6, **params) -> StageInput:
 def diffusers_image(model_path: str, dtype: torch.dtype, item: StageInput) -> np.ndarray:
     from diffusers import Cosmos3OmniPipeline
 
-    kwargs = {} if dtype == torch.float32 else {"torch_dtype": dtype}
+    kwargs = {} if dtype == torch.float32 else {"dtype": dtype}
     pipe = Cosmos3OmniPipeline.from_pretrained(model_path, **kwargs)
     pipe.set_progress_bar_config(disable=True)
     width, height = item.data["size"]
