@@ -184,7 +184,9 @@ async def test_the_engine_loop_does_not_wait_for_a_busy_worker():
         start = time.monotonic()
         streams = [await engine.submit(OmniRequest(prompt=f"p{i}", params={"s0": {"echo": blob}})) for i in range(8)]
         assert time.monotonic() - start < 0.6  # 8 MiB of messages queued without waiting for the step
-        results = [[delta async for delta in stream] for stream in streams]
+        results = []
+        for stream in streams:  # (one comprehension inside another cannot be async before Python 3.11)
+            results.append([delta async for delta in stream])
         assert all(r[-1].data["s0_echo"] == blob for r in results)
         await busy
 
