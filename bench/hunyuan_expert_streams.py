@@ -28,14 +28,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from omni_hunyuan.layers import per_expert_mm
+from omni_hunyuan.layers import per_expert_mm, swiglu
 
 from diffusion import matmul_ceiling, timed, write_table
-
-
-def swiglu(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def streamed_mm(x: torch.Tensor, weights: torch.Tensor, counts: list[int], streams: list[torch.cuda.Stream]) -> torch.Tensor:

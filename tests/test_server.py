@@ -853,12 +853,20 @@ def test_non_streaming_client_disconnect_cancels_in_every_stage(process_server: 
     _complete_ok(process_server, served)
 
 
+def _server_state(url: str) -> tuple[str, list[dict[str, Any]]]:
+    """The server's Prometheus text and its replicas (``/health``)."""
+    return httpx.get(f"{url}/metrics").text, httpx.get(f"{url}/health").json()["replicas"]
+
+
+def _nothing_running(metrics: str, replicas: list[dict[str, Any]]) -> bool:
+    """No request runs in the server nor in any stage replica."""
+    return _metric(metrics, "omni_requests_running") == 0 and all(r["active_requests"] == 0 for r in replicas)
+
+
 def _wait_idle(url: str, timeout: float) -> None:
     """Until no request runs in the server or any stage (an earlier attempt's, ending or cancelled)."""
     deadline = time.monotonic() + timeout
-    while _metric(httpx.get(f"{url}/metrics").text, "omni_requests_running") or any(
-        r["active_requests"] for r in httpx.get(f"{url}/health").json()["replicas"]
-    ):
+    while not _nothing_running(*_server_state(url)):
         assert time.monotonic() < deadline, "the server never became idle"
         time.sleep(0.05)
 
@@ -867,13 +875,8 @@ def _assert_cancelled_everywhere(url: str, cancelled_before: float, left: float,
     """After the client left (at `left`): one more cancelled request, nothing running in any stage,
     well before the request would have ended by itself (it took `full_duration` when left alone)."""
     while True:
-        metrics = httpx.get(f"{url}/metrics").text
-        replicas = httpx.get(f"{url}/health").json()["replicas"]
-        done = (
-            _metric(metrics, "omni_requests_cancelled_total") == cancelled_before + 1
-            and _metric(metrics, "omni_requests_running") == 0
-            and all(r["active_requests"] == 0 for r in replicas)
-        )
+        metrics, replicas = _server_state(url)
+        done = _metric(metrics, "omni_requests_cancelled_total") == cancelled_before + 1 and _nothing_running(metrics, replicas)
         if done or time.monotonic() - left > full_duration:
             break
         time.sleep(0.1)

@@ -10,7 +10,6 @@ deploy overrides, and slow only in this process (the engine's), so the stage wor
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from omni_core.config.resolve import resolve
 from omni_core.engine.async_engine import AsyncOmniEngine
 from omni_core.errors import ConfigError
 from omni_core.plugins import PluginHost, load_plugins
-from omni_core.server.app import create_app
+from omni_core.server.app import bind_socket, create_app
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -57,8 +56,7 @@ def server(model_dir: Path, host: PluginHost) -> Iterator[str]:
         f"output_connector.slow_pid={os.getpid()}",
     ]
     engine = AsyncOmniEngine(resolve(str(model_dir), overrides=overrides, plugins=host))
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
+    listener = bind_socket("127.0.0.1", 0)  # (as `omni serve` binds before loading)
     port = listener.getsockname()[1]
     config = uvicorn.Config(create_app(engine, model_name="toy"), log_level="warning")
     uv = uvicorn.Server(config)
