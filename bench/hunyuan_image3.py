@@ -5,7 +5,7 @@
 
 Preset ``h200`` writes (under ``--scratch``) a random-weight checkpoint in the release layout with the
 released widths (hidden 4096, 32 query / 8 KV heads of 128, 64 experts top-8 + 1 shared of 3072, UNet
-patch embedder 1024, 32 latent channels, image_base_size 1024, a HunyuanVideo-1.5-wide VAE) and
+patch embedder 1024, 32 latent channels, image_base_size 1024, a VAE of widths 128-1024, the release VAE's layout) and
 ``--layers`` decoder layers (the release has 32); the tokenizer is the tiny one (the vocabulary only
 sizes the embedding and the LM head, which image steps do not run). The weights are drawn with std
 0.02, so the router spreads tokens over the experts as a trained one roughly does.
@@ -116,15 +116,19 @@ def write_release_width(directory: Path, layers: int, device: str, seed: int = 0
 
 def checkpoint(scratch: Path, preset: str, layers: int, device: str) -> Path:
     """The benchmark's checkpoint under `scratch`, written on first use: the tiny one (2 layers), or
-    the release widths with `layers` layers (`write_release_width`)."""
+    the release widths with `layers` layers (`write_release_width`); named with the family's
+    ``tiny_format``, so a checkpoint of an older layout is not reused."""
+    from omni_hunyuan.plugin import FAMILY
+
+    version = f"v{FAMILY.tiny_format}"
     if preset == "tiny":
         from omni_hunyuan.tiny import make_tiny
 
-        model = scratch / "tiny"
+        model = scratch / f"tiny-{version}"
         if not (model / "config.json").exists():
             make_tiny(model)
         return model
-    model = scratch / f"{preset}-{layers}"
+    model = scratch / f"{preset}-{layers}-{version}"
     write_release_width(model, layers, device)
     return model
 

@@ -12,8 +12,8 @@ counts them), each part's time alone on the same shapes (attention with the padd
 without any, the MoE, the projections), and the kernels that took the most device time
 (`torch.profiler`; of the compiled forward with ``--compile``, quantized with ``--quantization``); the MoE
 and the compiled forward with one grouped GEMM a projection instead of one matmul per expert (where the
-experts are grouped: CUDA, bf16); the VAE decode, diffusers' 3-D VAE as the reference runs it and the dit stage's
-2-D `ImageDecoder`, alone and batched. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
+experts are grouped: CUDA, bf16); the VAE decode (the release's 3-D decoder, as the dit stage and the reference
+run it), one image and a batch's images. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
 """
 
 from __future__ import annotations
@@ -157,27 +157,20 @@ def main() -> None:
             quantized = timed(device, velocity, args.repeats)
             difference_q = float((velocity().float() - before).abs().max() / before.abs().max())
             quantized_moe = timed(device, lambda: layer.mlp(hidden), args.repeats)
-        # The VAE decode after the last step (fp32 weights, under fp16 autocast on CUDA): diffusers' 3-D
-        # VAE one image a call (what the reference pipeline runs), then the dit stage's `ImageDecoder`
-        # (`omni_hunyuan.vae.decode_latents`), one image and all the requests' images in one call.
-        from omni_hunyuan.vae import ImageDecoder, build_vae, decode_latents
+        # The VAE decode after the last step (fp32 weights, under fp16 autocast on CUDA), as the dit stage
+        # and the reference pipeline both run it (`omni_hunyuan.vae.decode_latents`): one image, and all
+        # the requests' images (one decoder call each).
+        from omni_hunyuan.vae import build_vae, decode_latents
 
         with torch.device(device):
-            vae = build_vae(config.vae).float().eval()
-        decoder = ImageDecoder.from_vae(vae)
+            decoder = build_vae(config.vae, parts=("decoder",)).float().eval().decoder
         image_latent, image_latents = latents[:1].float(), latents.float()
-
-        def diffusers_decode() -> Any:
-            with torch.autocast(device_type=torch.device(device).type, dtype=torch.float16, enabled=device.startswith("cuda")):
-                return vae.decode(image_latent.unsqueeze(2)).sample
-
         vae_repeats = max(1, args.repeats // 2)
-        parts["VAE decode, diffusers' 3-D VAE (the reference's), one image, after the last step"] = timed(device, diffusers_decode, vae_repeats)
-        parts["VAE decode, ImageDecoder (the dit stage's), one image, after the last step"] = timed(
+        parts["VAE decode, one image, after the last step"] = timed(
             device, lambda: decode_latents(decoder, image_latent, config.vae), vae_repeats)
-        parts[f"VAE decode, ImageDecoder, {args.requests} images in one call, per image, after the last step"] = timed(
+        parts[f"VAE decode, {args.requests} images, per image, after the last step"] = timed(
             device, lambda: decode_latents(decoder, image_latents, config.vae), vae_repeats) / args.requests
-        vae = decoder = None  # (freed before the profile)
+        decoder = None  # (freed before the profile)
 
         profile = ""
         if device.startswith("cuda"):

@@ -14,7 +14,7 @@ FAMILY = PipelineFamily(
     # `Hunyuan` in the base release's config.json, `hunyuan_image_3_moe` in later ones.
     model_types=("Hunyuan", "hunyuan_image_3_moe"),
     make_tiny="omni_hunyuan.tiny:make_tiny",
-    tiny_format=2,  # 2: a smaller init of the velocity conv
+    tiny_format=3,  # 2: a smaller init of the velocity conv; 3: the release VAE (GroupNorm, plain Conv3d names)
     description="HunyuanImage-3.0 (HunyuanImage3ForCausalMM): one MoE that writes text and draws images",
 )
 

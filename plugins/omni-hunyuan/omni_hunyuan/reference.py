@@ -12,6 +12,7 @@ Neither is used to serve; they exist so that our code is checked against someone
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +133,16 @@ class NemoPrompts:
 
 
 class ReleaseVAECall:
-    """The release VAE's call shape (``decode(z, return_dict, generator)``, ``ffactor_temporal``) over
-    the diffusers VAE, so nemo's pipeline decodes with the same weights; it keeps what it was given."""
+    """The release VAE's call shape (``config.scaling_factor``, ``ffactor_temporal``, ``decode(z,
+    return_dict, generator)`` of ``[B, C, 1, h, w]`` latents to ``[B, 3, 1, H, W]``: the last decoded frame)
+    over our `omni_hunyuan.vae.VAE`, so nemo's pipeline decodes with the same weights without the release's
+    remote code (which `load_release_vae` imports from the checkpoint); it keeps what it was given."""
 
     def __init__(self, vae: Any) -> None:
-        self.vae, self.config, self.ffactor_temporal, self.seen = vae, vae.config, 4, None
+        settings = vae.settings
+        self.vae, self.ffactor_temporal, self.seen = vae, settings.ffactor_temporal, None
+        self.config = types.SimpleNamespace(scaling_factor=settings.scaling_factor, shift_factor=settings.shift_factor or None)
 
     def decode(self, latents: torch.Tensor, return_dict: bool = False, generator: Any = None) -> tuple[torch.Tensor]:
         self.seen = latents.clone()
-        return (self.vae.decode(latents.to(self.vae.dtype)).sample,)
+        return (self.vae.decoder(latents.to(self.vae.decoder.dtype))[:, :, -1:],)

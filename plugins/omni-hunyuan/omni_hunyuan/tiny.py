@@ -9,7 +9,7 @@ trained offline that carries every special token as an added token (ids are what
 nothing reads them as constants).
 
 The transformer's weights are drawn with a large std (greedy decoding of small random weights repeats
-one token, and the text test compares sequences); the VAE keeps diffusers' own init (a large std would
+one token, and the text test compares sequences); the VAE keeps PyTorch's default init (a large std would
 saturate every pixel and the decode test would compare nothing).
 """
 
@@ -215,12 +215,12 @@ def _transformer_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:
 def _vae_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:
     import torch
 
-    from omni_hunyuan.vae import build_vae, diffusers_to_release_key
+    from omni_hunyuan.vae import VAE_PREFIX, build_vae
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vae = build_vae(config["vae"])
-    return {f"vae.{diffusers_to_release_key(k)}": v.contiguous() for k, v in vae.state_dict().items()}
+    return {f"{VAE_PREFIX}{k}": v.contiguous() for k, v in vae.state_dict().items()}
 
 
 def _vision_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:

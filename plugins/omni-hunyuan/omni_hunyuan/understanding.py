@@ -21,8 +21,8 @@ One image becomes, where its ``<img>`` placeholder stood in the prompt::
   padding included) attends both ways within itself.
 
 This is how vLLM-Omni's HunyuanImage-3.0 model builds its i2t inputs (FAMILIES.md 2.2-2.3); the
-Instruct template puts the images after ``User: `` (`i2t_prompt_ids`). Torch, transformers and
-diffusers only: the ``ar`` stage's vLLM model (`omni_hunyuan.vllm_model`) and the torch reference
+Instruct template puts the images after ``User: `` (`i2t_prompt_ids`). Torch and transformers
+only: the ``ar`` stage's vLLM model (`omni_hunyuan.vllm_model`) and the torch reference
 (`layout`, then `HunyuanImage3.greedy` with its ``prompt``) share it.
 """
 
@@ -175,7 +175,8 @@ def i2t_prompt_ids(tokenizer: Any, tokens: SpecialTokens, prompt: str, images: i
 
 
 class Aligner(nn.Module):
-    """``vision_aligner``: the release's LightProjector ``mlp_gelu`` (Linear, then GELU-Linear x depth-1)."""
+    """``vision_aligner``: the release's LightProjector, ``mlp_gelu`` (Linear, then GELU-Linear x depth-1,
+    ``layers.{i}.*``) or ``linear`` (one Linear, ``layers.*``)."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         super().__init__()
@@ -183,10 +184,12 @@ class Aligner(nn.Module):
         if kind not in ("mlp_gelu", "linear"):
             raise ValueError(f"vit_aligner projector_type {kind!r} is not supported (mlp_gelu, linear)")
         width, out = int(settings["input_dim"]), int(settings["n_embed"])
-        layers: list[nn.Module] = [nn.Linear(width, out)]
-        for _ in range(int(settings.get("depth", 2)) - 1 if kind == "mlp_gelu" else 0):
-            layers += [nn.GELU(), nn.Linear(out, out)]
-        self.layers = nn.Sequential(*layers)
+        self.layers: nn.Module = nn.Linear(width, out)
+        if kind == "mlp_gelu":
+            layers: list[nn.Module] = [self.layers]
+            for _ in range(int(settings.get("depth", 2)) - 1):
+                layers += [nn.GELU(), nn.Linear(out, out)]
+            self.layers = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
@@ -207,7 +210,7 @@ class ImageEncoder(nn.Module):
         if not vit or not config.raw.get("vit_aligner"):
             raise ValueError("config.json has no 'vit' / 'vit_aligner' sections: this checkpoint cannot read images")
         self.config = config
-        self.vae = build_vae(config.vae)
+        self.vae = build_vae(config.vae, parts=("encoder",))
         self.vision_model = Siglip2VisionModel(Siglip2VisionConfig(**vit))
         self.vision_aligner = Aligner(dict(config.raw["vit_aligner"]))
         self.patch_embed = UNetDown(config.latent_channels, config.hidden_size, config.patch_embed_hidden_dim)
@@ -226,7 +229,7 @@ class ImageEncoder(nn.Module):
         missing = [key for key in result.missing_keys if not key.startswith("vae.")]
         if missing or result.unexpected_keys:
             raise ValueError(f"image encoder weights do not match: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
-        encoder.vae = load_vae(model_path, encoder.config.vae, device=str(device))  # fp32
+        encoder.vae = load_vae(model_path, encoder.config.vae, device=str(device), parts=("encoder",))  # fp32
         for name, module in encoder.named_children():
             if name != "vae":
                 module.to(device=device, dtype=dtype)
@@ -246,13 +249,9 @@ class ImageEncoder(nn.Module):
         """``[slots, hidden]``: VAE tokens, `separator` (``<joint_img_sep>``'s word embedding), ViT tokens.
         The VAE latent is a sample drawn from `seed` (a generator: the next draw of it)."""
         device = self.patch_embed.model[0].weight.device
-        vae = self.vae.config
-        pixels = image.vae_pixels.to(device=device, dtype=torch.float32)[None, :, None]  # [1, 3, T=1, H, W]
+        pixels = image.vae_pixels.to(device=device, dtype=torch.float32)[None]  # [1, 3, H, W]
         generator = seed if isinstance(seed, torch.Generator) else torch.Generator(device).manual_seed(seed)
-        latents = self.vae.encode(pixels).latent_dist.sample(generator)[:, :, 0]
-        if self.config.vae.get("shift_factor"):
-            latents = latents - float(self.config.vae["shift_factor"])
-        latents = latents * float(vae.scaling_factor)
+        latents = self.vae.sample_latents(pixels, generator)
         t = torch.zeros(1, device=device)
         vae_tokens = self.patch_embed(latents.to(self.dtype), self.time_embed(t).to(self.dtype))[0]
         mask = image.vit_mask.to(device)

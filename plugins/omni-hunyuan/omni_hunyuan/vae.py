@@ -1,16 +1,24 @@
-"""The image VAE: the release's ``AutoencoderKLConv3D``, run as diffusers' ``AutoencoderKLHunyuanVideo15``.
+"""The image VAE: the release's ``AutoencoderKLConv3D``, written from its architecture.
 
-Both are Tencent's causal Conv3D VAE (32 latent channels, 16x spatial and 4x temporal compression,
-channel-matching down/upsamplers, RMS norms with ``gamma``) with the same config keys; diffusers renamed
-the modules when it ported it (scripts/convert_hunyuan_video1_5_to_diffusers.py). We keep the weights in the
-release's names on disk (``vae.encoder.down.{i}.block.{j}...``) and rename them on load, so a release
-checkpoint and the tiny one load the same way. Their equality with the release's own VAE is inferred from
-that lineage, not yet measured: the release comparison of issue 25 is what checks it.
+A KL autoencoder over video-shaped tensors ``[B, C, T, H, W]`` (32 latent channels, 16x spatial and 4x
+temporal compression). Every convolution is a plain 3-D one, zero-padded on all sides (not causal);
+every norm a 32-group GroupNorm (eps 1e-6, affine); the down/upsamplers trade space (and time) for
+channels (``DCAE``: a convolution to a fraction of the channels, then space-to-depth, plus a shortcut
+that averages (down) or repeats (up) channels); the encoder's end and the decoder's start have channel
+shortcuts too; the mid blocks carry one single-head attention over every position. (diffusers'
+``AutoencoderKLHunyuanVideo15`` shares the layout but not the numbers: causal, replicate-padded
+convolutions and RMS norms.)
+
+An image is a one-frame video. Encoding repeats it to ``ffactor_temporal`` frames, which the encoder's
+temporal downsamplers fold back into one latent frame; decoding a one-frame latent gives
+``ffactor_temporal`` frames, of which the release keeps the last. The module and parameter names are
+the release's (``encoder.down.{i}.block.{j}.norm1.weight``, ``decoder.mid.attn_1.q.weight``, ...), so the
+checkpoint's ``vae.*`` tensors load as they are.
 """
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,242 +29,312 @@ from torch import nn
 
 VAE_PREFIX = "vae."
 
-# (release pattern, diffusers replacement), applied in order to the key after "vae.".
-_RELEASE_TO_DIFFUSERS: tuple[tuple[str, str], ...] = (
-    (r"^(encoder|decoder)\.mid\.block_(\d+)\.", lambda m: f"{m[1]}.mid_block.resnets.{int(m[2]) - 1}."),  # type: ignore[dict-item]
-    (r"^(encoder|decoder)\.mid\.attn_1\.(q|k|v)\.", r"\1.mid_block.attentions.0.to_\2."),
-    (r"^(encoder|decoder)\.mid\.attn_1\.", r"\1.mid_block.attentions.0."),
-    (r"^encoder\.down\.(\d+)\.block\.(\d+)\.", r"encoder.down_blocks.\1.resnets.\2."),
-    (r"^encoder\.down\.(\d+)\.downsample\.", r"encoder.down_blocks.\1.downsamplers.0."),
-    (r"^decoder\.up\.(\d+)\.block\.(\d+)\.", r"decoder.up_blocks.\1.resnets.\2."),
-    (r"^decoder\.up\.(\d+)\.upsample\.", r"decoder.up_blocks.\1.upsamplers.0."),
-    (r"\.nin_shortcut\.", ".conv_shortcut."),
-)
-_DIFFUSERS_TO_RELEASE: tuple[tuple[str, str], ...] = (
-    (r"^(encoder|decoder)\.mid_block\.resnets\.(\d+)\.", lambda m: f"{m[1]}.mid.block_{int(m[2]) + 1}."),  # type: ignore[dict-item]
-    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.to_(q|k|v)\.", r"\1.mid.attn_1.\2."),
-    (r"^(encoder|decoder)\.mid_block\.attentions\.0\.", r"\1.mid.attn_1."),
-    (r"^encoder\.down_blocks\.(\d+)\.resnets\.(\d+)\.", r"encoder.down.\1.block.\2."),
-    (r"^encoder\.down_blocks\.(\d+)\.downsamplers\.0\.", r"encoder.down.\1.downsample."),
-    (r"^decoder\.up_blocks\.(\d+)\.resnets\.(\d+)\.", r"decoder.up.\1.block.\2."),
-    (r"^decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", r"decoder.up.\1.upsample."),
-    (r"\.conv_shortcut\.", ".nin_shortcut."),
-)
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
 
 
-def _rename(key: str, table: tuple[tuple[str, Any], ...]) -> str:
-    """The first matching module-path rule (anchored at the start), then the shortcut rule (anywhere)."""
-    *paths, (shortcut, shortcut_new) = table
-    for pattern, replacement in paths:
-        key, count = re.subn(pattern, replacement, key)
-        if count:
-            break
-    return re.sub(shortcut, shortcut_new, key)
+def _conv(in_channels: int, out_channels: int, kernel: int = 3) -> nn.Conv3d:
+    return nn.Conv3d(in_channels, out_channels, kernel, padding=kernel // 2)
 
 
-def release_to_diffusers_key(key: str) -> str:
-    """``encoder.down.0.block.1.conv1.conv.weight`` -> ``encoder.down_blocks.0.resnets.1.conv1.conv.weight``."""
-    return _rename(key, _RELEASE_TO_DIFFUSERS)
+def _space_to_depth(x: torch.Tensor, temporal: bool) -> torch.Tensor:
+    """``[B, C, T*r, 2H, 2W]`` -> ``[B, r*2*2*C, T, H, W]`` (r = 2 if `temporal`), the channel index
+    ``((dt * 2 + dy) * 2 + dx) * C + c``."""
+    r = 2 if temporal else 1
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t // r, r, h // 2, 2, w // 2, 2).permute(0, 3, 5, 7, 1, 2, 4, 6)
+    return x.reshape(b, r * 4 * c, t // r, h // 2, w // 2)
 
 
-def diffusers_to_release_key(key: str) -> str:
-    """The inverse of `release_to_diffusers_key` (make_tiny writes the release names)."""
-    return _rename(key, _DIFFUSERS_TO_RELEASE)
+def _depth_to_space(x: torch.Tensor, temporal: bool) -> torch.Tensor:
+    """The inverse of `_space_to_depth`."""
+    r = 2 if temporal else 1
+    b, packed, t, h, w = x.shape
+    c = packed // (r * 4)
+    x = x.reshape(b, r, 2, 2, c, t, h, w).permute(0, 4, 5, 1, 6, 2, 7, 3)
+    return x.reshape(b, c, t * r, h * 2, w * 2)
 
 
-def build_vae(vae_config: Mapping[str, Any]) -> Any:
-    """An ``AutoencoderKLHunyuanVideo15`` with random weights, sized from the release ``vae`` section."""
-    from diffusers import AutoencoderKLHunyuanVideo15
+class ResnetBlock(nn.Module):
+    """``x + conv2(silu(norm2(conv1(silu(norm1(x))))))``, the skip through a 1x1x1 ``nin_shortcut``
+    when the width changes."""
 
-    return AutoencoderKLHunyuanVideo15(
-        in_channels=int(vae_config.get("in_channels", 3)),
-        out_channels=int(vae_config.get("out_channels", 3)),
-        latent_channels=int(vae_config["latent_channels"]),
-        block_out_channels=tuple(vae_config["block_out_channels"]),
-        layers_per_block=int(vae_config["layers_per_block"]),
-        spatial_compression_ratio=int(vae_config.get("ffactor_spatial", 16)),
-        temporal_compression_ratio=int(vae_config.get("ffactor_temporal", 4)),
-        downsample_match_channel=bool(vae_config.get("downsample_match_channel", True)),
-        upsample_match_channel=bool(vae_config.get("upsample_match_channel", True)),
-        scaling_factor=float(vae_config.get("scaling_factor") or 1.0),
-    )
-
-
-def load_vae(model_path: str | Path, vae_config: Mapping[str, Any], device: str = "cpu") -> Any:
-    """The VAE with the checkpoint's ``vae.*`` weights in fp32 (`decode_latents` autocasts on CUDA)."""
-    from omni_hunyuan.weights import read_tensors
-
-    vae = build_vae(vae_config)
-    state = {release_to_diffusers_key(k[len(VAE_PREFIX) :]): v for k, v in read_tensors(model_path, (VAE_PREFIX,)).items()}
-    result = vae.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"vae.* weights do not match: missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
-    return vae.to(device=device).eval()  # (built in fp32: the weights were copied into fp32 parameters)
-
-
-class ImageDecoder(nn.Module):
-    """The VAE's decoder for one latent frame (an image), in 2-D: the same numbers, a third of the work.
-
-    The release decodes an image as a one-frame video: every causal 3x3x3 convolution pads the time axis
-    with two copies of that frame (replicate padding), so its three time taps all see the same frame and
-    it equals a 3x3 convolution with the taps' weights summed (up to float rounding). An upsampler that
-    also doubles time keeps, of the first frame, half of its convolution's output channels: only those
-    are computed. The mid-block attention of one frame has no causal mask to apply (so a batch decodes
-    in one call, unlike with diffusers' 0.42 mask). Built from the diffusers decoder's weights
-    (`from_vae`); everything else, norms in fp32 included, runs as diffusers runs it.
-    """
-
-    def __init__(self, decoder: nn.Module) -> None:
+    def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
-        self.conv_in = _conv(decoder.conv_in)
-        self.repeat = decoder.repeat
-        mid = decoder.mid_block
-        self.mid = nn.ModuleList([_Resnet(mid.resnets[0])])
-        for attn, resnet in zip(mid.attentions, mid.resnets[1:], strict=True):
-            if attn is not None:
-                self.mid.append(_Attention(attn))
-            self.mid.append(_Resnet(resnet))
-        self.up = nn.ModuleList()
-        for block in decoder.up_blocks:
-            self.up.extend(_Resnet(resnet) for resnet in block.resnets)
-            if block.upsamplers is not None:
-                self.up.extend(_Upsample(upsampler) for upsampler in block.upsamplers)
-        self.norm_out = _Norm(decoder.norm_out)
-        self.conv_out = _conv(decoder.conv_out)
-
-    @staticmethod
-    def from_vae(vae: Any) -> ImageDecoder:
-        """The decoder of a diffusers ``AutoencoderKLHunyuanVideo15`` (its weights copied, its dtype and device)."""
-        parameter = next(vae.parameters())
-        return ImageDecoder(vae.decoder).to(device=parameter.device, dtype=parameter.dtype).eval()
-
-    def forward(self, latents: torch.Tensor) -> torch.Tensor:
-        """Unscaled latents ``[B, C, h, w]`` -> pixels ``[B, 3, H, W]`` in about [-1, 1]."""
-        hidden = self.conv_in(latents) + latents.repeat_interleave(self.repeat, dim=1)
-        for module in (*self.mid, *self.up):
-            hidden = module(hidden)
-        return self.conv_out(F.silu(self.norm_out(hidden)))
-
-
-def _conv(causal: nn.Module, keep: torch.Tensor | None = None) -> nn.Conv2d:
-    """A causal Conv3d over one replicate-padded frame as a Conv2d (its time taps summed); `keep`
-    selects output channels."""
-    conv3d = causal.conv
-    if len(set(conv3d.kernel_size)) != 1 or set(conv3d.stride) != {1}:  # (the padding below assumes both)
-        raise ValueError(f"a cubic, stride-1 causal convolution was expected, got {conv3d}")
-    weight, bias = conv3d.weight.detach().sum(dim=2), conv3d.bias.detach()
-    if keep is not None:
-        weight, bias = weight[keep], bias[keep]
-    size = weight.shape[-1]
-    conv = nn.Conv2d(weight.shape[1], weight.shape[0], size, padding=size // 2, padding_mode="replicate")
-    conv.weight.data.copy_(weight)
-    conv.bias.data.copy_(bias)
-    return conv
-
-
-def _pointwise(conv3d: nn.Conv3d) -> nn.Conv2d:
-    conv = nn.Conv2d(conv3d.in_channels, conv3d.out_channels, 1)
-    conv.weight.data.copy_(conv3d.weight.detach()[:, :, 0])
-    conv.bias.data.copy_(conv3d.bias.detach())
-    return conv
-
-
-class _Norm(nn.Module):
-    """diffusers' ``HunyuanVideo15RMS_norm`` over channels (normalized in fp32, then scaled by gamma)."""
-
-    def __init__(self, norm: nn.Module) -> None:
-        super().__init__()
-        self.scale = norm.scale
-        self.gamma = nn.Parameter(norm.gamma.detach().reshape(-1, 1, 1).clone())
-        self.bias = nn.Parameter(norm.bias.detach().reshape(-1, 1, 1).clone()) if isinstance(norm.bias, nn.Parameter) else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        reduced = x.dtype in (torch.float16, torch.bfloat16)
-        out = F.normalize(x.float() if reduced else x, dim=1).to(x.dtype) * self.scale * self.gamma
-        return out if self.bias is None else out + self.bias
-
-
-class _Resnet(nn.Module):
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.norm1, self.conv1 = _Norm(block.norm1), _conv(block.conv1)
-        self.norm2, self.conv2 = _Norm(block.norm2), _conv(block.conv2)
-        self.shortcut = None if block.conv_shortcut is None else _pointwise(block.conv_shortcut)
+        self.norm1, self.conv1 = _norm(in_channels), _conv(in_channels, out_channels)
+        self.norm2, self.conv2 = _norm(out_channels), _conv(out_channels, out_channels)
+        if in_channels != out_channels:
+            self.nin_shortcut = _conv(in_channels, out_channels, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
-        return hidden + (x if self.shortcut is None else self.shortcut(x))
+        skip = self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x
+        return skip + hidden
 
 
-class _Attention(nn.Module):
-    """Single-head attention over a frame's pixels (one frame: nothing is masked)."""
+class AttnBlock(nn.Module):
+    """Single-head attention over every (t, y, x) position, 1x1x1 projections, residual."""
 
-    def __init__(self, block: nn.Module) -> None:
+    def __init__(self, channels: int) -> None:
         super().__init__()
-        self.norm = _Norm(block.norm)
-        self.q, self.k, self.v, self.out = (_pointwise(c) for c in (block.to_q, block.to_k, block.to_v, block.proj_out))
+        self.norm = _norm(channels)
+        self.q, self.k, self.v, self.proj_out = (_conv(channels, channels, 1) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, channels, height, width = x.shape
+        b, c, t, h, w = x.shape
         normed = self.norm(x)
-        q, k, v = (proj(normed).flatten(2).transpose(1, 2)[:, None] for proj in (self.q, self.k, self.v))
-        attended = F.scaled_dot_product_attention(q, k, v)[:, 0]
-        return self.out(attended.transpose(1, 2).reshape(batch, channels, height, width)) + x
+        q, k, v = (proj(normed).reshape(b, 1, c, t * h * w).transpose(-1, -2).contiguous() for proj in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q, k, v)
+        return x + self.proj_out(out.transpose(-1, -2).reshape(b, c, t, h, w))
 
 
-class _Upsample(nn.Module):
-    """diffusers' ``HunyuanVideo15Upsample`` on a first (only) frame: 2x in space; an upsampler that
-    doubles time keeps half of the first frame's channels (those alone are computed here)."""
+class DownsampleDCAE(nn.Module):
+    """Half the height and width (and the frames, if `temporal`): a convolution to ``out / factor``
+    channels then space-to-depth, plus the input's space-to-depth averaged over groups of channels."""
 
-    def __init__(self, upsample: nn.Module) -> None:
+    def __init__(self, in_channels: int, out_channels: int, temporal: bool) -> None:
         super().__init__()
-        conv3d = upsample.conv.conv
-        self.temporal = bool(upsample.add_temporal_upsample)
-        self.repeats = upsample.repeats // 2 if self.temporal else upsample.repeats
-        keep = None
-        if self.temporal:  # of each of the 4 space groups' 2*out channels, the first out
-            out = conv3d.out_channels // 8
-            keep = torch.arange(conv3d.out_channels).view(4, 2 * out)[:, :out].reshape(-1)
-        self.conv = _conv(upsample.conv, keep)
+        factor = 8 if temporal else 4
+        if out_channels % factor:
+            raise ValueError(f"a downsampler to {out_channels} channels needs a multiple of {factor}")
+        self.temporal = temporal
+        self.group = factor * in_channels // out_channels
+        self.conv = _conv(in_channels, out_channels // factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.temporal:  # the shortcut: depth to space first, then the channel repeat
-            shortcut = _depth_to_space(x).repeat_interleave(self.repeats, dim=1)
-        else:
-            shortcut = _depth_to_space(x.repeat_interleave(self.repeats, dim=1))
-        return _depth_to_space(self.conv(x)) + shortcut
+        hidden = _space_to_depth(self.conv(x), self.temporal)
+        shortcut = _space_to_depth(x, self.temporal)
+        b, _, t, h, w = shortcut.shape
+        return hidden + shortcut.reshape(b, hidden.shape[1], self.group, t, h, w).mean(dim=2)
 
 
-def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
-    """``[B, 4c, h, w]`` -> ``[B, c, 2h, 2w]``, channel group (i, j) to pixel (2h+i, 2w+j): diffusers'
-    ``_dcae_upsample_rearrange`` for one frame (not `torch.pixel_shuffle`'s channel order)."""
-    batch, packed, height, width = x.shape
-    channels = packed // 4
-    x = x.reshape(batch, 2, 2, channels, height, width).permute(0, 3, 4, 1, 5, 2)
-    return x.reshape(batch, channels, height * 2, width * 2)
+class UpsampleDCAE(nn.Module):
+    """Twice the height and width (and the frames, if `temporal`): a convolution to ``out * factor``
+    channels then depth-to-space, plus the input's channels repeated and put through depth-to-space."""
+
+    def __init__(self, in_channels: int, out_channels: int, temporal: bool) -> None:
+        super().__init__()
+        factor = 8 if temporal else 4
+        self.temporal = temporal
+        self.repeats = factor * out_channels // in_channels
+        self.conv = _conv(in_channels, out_channels * factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = _depth_to_space(x.repeat_interleave(self.repeats, dim=1), self.temporal)
+        return _depth_to_space(self.conv(x), self.temporal) + shortcut
 
 
-def load_image_decoder(model_path: str | Path, vae_config: Mapping[str, Any], device: str = "cpu") -> ImageDecoder:
-    """The checkpoint's VAE decoder as an `ImageDecoder` (fp32; the encoder is not kept)."""
-    return ImageDecoder.from_vae(load_vae(model_path, vae_config, device=device))
+def _mid(channels: int) -> nn.Module:
+    mid = nn.Module()
+    mid.block_1 = ResnetBlock(channels, channels)
+    mid.attn_1 = AttnBlock(channels)
+    mid.block_2 = ResnetBlock(channels, channels)
+    return mid
+
+
+def _run_mid(mid: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return mid.block_2(mid.attn_1(mid.block_1(x)))
+
+
+class Encoder(nn.Module):
+    """Pixels ``[B, 3, T, H, W]`` -> the posterior's mean and log-variance ``[B, 2 * latent, T/ft, H/fs, W/fs]``.
+
+    Level i (of ``block_out_channels``) runs ``layers_per_block`` resnet blocks, then, while the spatial
+    factor is not reached, a downsampler (temporal too once the remaining levels are the temporal
+    factor's); the mid blocks; ``conv_out(silu(norm_out(h)))`` plus ``h`` averaged over channel groups."""
+
+    def __init__(self, settings: VAESettings) -> None:
+        super().__init__()
+        widths, latent = settings.block_out_channels, settings.latent_channels
+        if widths[-1] % (2 * latent):
+            raise ValueError(f"the encoder's last width {widths[-1]} is not a multiple of 2 x {latent} latent channels")
+        self.group = widths[-1] // (2 * latent)
+        self.conv_in = _conv(settings.in_channels, widths[0])
+        self.down = nn.ModuleList()
+        spatial_levels = int(math.log2(settings.ffactor_spatial))
+        first_temporal = int(math.log2(settings.ffactor_spatial // settings.ffactor_temporal))
+        width = widths[0]
+        for level, out in enumerate(widths):
+            down = nn.Module()
+            down.block = nn.ModuleList()
+            for _ in range(settings.layers_per_block):
+                down.block.append(ResnetBlock(width, out))
+                width = out
+            if level < spatial_levels:
+                if level == len(widths) - 1:
+                    raise ValueError(f"{len(widths)} VAE levels cannot downsample {settings.ffactor_spatial}x")
+                target = widths[level + 1] if settings.downsample_match_channel else width
+                down.downsample = DownsampleDCAE(width, target, temporal=level >= first_temporal)
+                width = target
+            self.down.append(down)
+        self.mid = _mid(width)
+        self.norm_out = _norm(width)
+        self.conv_out = _conv(width, 2 * latent)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.conv_in(x)
+        for down in self.down:
+            for block in down.block:
+                hidden = block(hidden)
+            if hasattr(down, "downsample"):
+                hidden = down.downsample(hidden)
+        hidden = _run_mid(self.mid, hidden)
+        b, c, t, h, w = hidden.shape
+        shortcut = hidden.reshape(b, c // self.group, self.group, t, h, w).mean(dim=2)
+        out = self.conv_out(F.silu(self.norm_out(hidden)))
+        out += shortcut  # in place, as the release adds it: under autocast the sum stays in the conv's dtype
+        return out
+
+
+class Decoder(nn.Module):
+    """Latents ``[B, latent, T, h, w]`` -> pixels ``[B, 3, T * ft, h * fs, w * fs]``.
+
+    ``conv_in(z)`` plus ``z`` repeated to its width; the mid blocks; level i (of the reversed
+    ``block_out_channels``) runs ``layers_per_block + 1`` resnet blocks, then an upsampler while the
+    spatial factor is not reached (temporal too for the first log2(temporal factor) levels);
+    ``conv_out(silu(norm_out(h)))``."""
+
+    def __init__(self, settings: VAESettings) -> None:
+        super().__init__()
+        widths, latent = tuple(reversed(settings.block_out_channels)), settings.latent_channels
+        if widths[0] % latent:
+            raise ValueError(f"the decoder's first width {widths[0]} is not a multiple of {latent} latent channels")
+        self.repeats = widths[0] // latent
+        width = widths[0]
+        self.conv_in = _conv(latent, width)
+        self.mid = _mid(width)
+        self.up = nn.ModuleList()
+        spatial_levels = int(math.log2(settings.ffactor_spatial))
+        temporal_levels = int(math.log2(settings.ffactor_temporal))
+        for level, out in enumerate(widths):
+            up = nn.Module()
+            up.block = nn.ModuleList()
+            for _ in range(settings.layers_per_block + 1):
+                up.block.append(ResnetBlock(width, out))
+                width = out
+            if level < spatial_levels or level < temporal_levels:
+                if level == len(widths) - 1:
+                    raise ValueError(f"{len(widths)} VAE levels cannot upsample {settings.ffactor_spatial}x")
+                target = widths[level + 1] if settings.upsample_match_channel else width
+                up.upsample = UpsampleDCAE(width, target, temporal=level < temporal_levels)
+                width = target
+            self.up.append(up)
+        self.norm_out = _norm(width)
+        self.conv_out = _conv(width, settings.out_channels)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        hidden = _run_mid(self.mid, self.conv_in(z) + z.repeat_interleave(self.repeats, dim=1))
+        for up in self.up:
+            for block in up.block:
+                hidden = block(hidden)
+            if hasattr(up, "upsample"):
+                hidden = up.upsample(hidden)
+        return self.conv_out(F.silu(self.norm_out(hidden)))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.conv_in.weight.dtype
+
+    def decode_image(self, latents: torch.Tensor) -> torch.Tensor:
+        """Unscaled latents ``[B, latent, h, w]`` -> pixels ``[B, 3, H, W]`` in about [-1, 1]: the one-frame
+        latent decodes to ``ffactor_temporal`` frames, and the image is the last (the release's rule)."""
+        return self.forward(latents[:, :, None])[:, :, -1]
+
+
+class VAESettings:
+    """The config.json ``vae`` section's sizes (the release's ``AutoencoderKLConv3D`` arguments)."""
+
+    def __init__(self, section: Mapping[str, Any]) -> None:
+        self.in_channels = int(section.get("in_channels", 3))
+        self.out_channels = int(section.get("out_channels", 3))
+        self.latent_channels = int(section["latent_channels"])
+        self.block_out_channels = tuple(int(c) for c in section["block_out_channels"])
+        self.layers_per_block = int(section["layers_per_block"])
+        self.ffactor_spatial = int(section.get("ffactor_spatial", 16))
+        self.ffactor_temporal = int(section.get("ffactor_temporal", 4))
+        self.downsample_match_channel = bool(section.get("downsample_match_channel", True))
+        self.upsample_match_channel = bool(section.get("upsample_match_channel", True))
+        self.scaling_factor = float(section.get("scaling_factor") or 1.0)
+        self.shift_factor = float(section.get("shift_factor") or 0.0)
+        for name, factor in (("ffactor_spatial", self.ffactor_spatial), ("ffactor_temporal", self.ffactor_temporal)):
+            if factor < 1 or factor & (factor - 1):
+                raise ValueError(f"vae.{name} must be a power of two, got {factor}")
+        if self.ffactor_temporal > self.ffactor_spatial:
+            raise ValueError("vae.ffactor_temporal larger than ffactor_spatial is not a layout the release builds")
+
+
+class VAE(nn.Module):
+    """The release's ``AutoencoderKLConv3D``: ``encoder`` and/or ``decoder`` (`parts`), and how the release
+    pipeline encodes and decodes images with them."""
+
+    def __init__(self, section: Mapping[str, Any], parts: tuple[str, ...] = ("encoder", "decoder")) -> None:
+        super().__init__()
+        self.settings = VAESettings(section)
+        if "encoder" in parts:
+            self.encoder = Encoder(self.settings)
+        if "decoder" in parts:
+            self.decoder = Decoder(self.settings)
+
+    def moments(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images ``[B, 3, H, W]`` in [-1, 1] -> the posterior's mean and std ``[B, latent, h, w]``: each
+        image repeated to ``ffactor_temporal`` frames (the release's rule for a one-frame input), log-variance
+        clamped to [-30, 20]."""
+        video = pixels[:, :, None].expand(-1, -1, self.settings.ffactor_temporal, -1, -1)
+        mean, logvar = self.encoder(video)[:, :, 0].chunk(2, dim=1)
+        return mean, torch.exp(0.5 * logvar.clamp(-30.0, 20.0))
+
+    def sample_latents(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Scaled latents ``[B, latent, h, w]`` of images: a posterior sample (the noise drawn from `generator`
+        in the latents' shape, device and dtype), ``- shift_factor``, ``* scaling_factor``. On CUDA under
+        fp16 autocast, as the release encodes."""
+        on_cuda = pixels.device.type == "cuda"
+        with torch.autocast(device_type=pixels.device.type, dtype=torch.float16, enabled=on_cuda):
+            mean, std = self.moments(pixels)
+            # Drawn where the generator lives (a CPU generator for CUDA latents too), then moved: diffusers'
+            # `randn_tensor`, which the release's posterior samples with.
+            where = mean.device if generator is None else generator.device
+            noise = torch.randn(mean.shape, generator=generator, device=where, dtype=mean.dtype).to(mean.device)
+            latents = mean + std * noise
+        return (latents - self.settings.shift_factor) * self.settings.scaling_factor
+
+
+def build_vae(section: Mapping[str, Any], parts: tuple[str, ...] = ("encoder", "decoder")) -> VAE:
+    """A `VAE` with random weights (PyTorch's default init), sized from the release ``vae`` section."""
+    return VAE(section, parts)
+
+
+def load_vae(model_path: str | Path, section: Mapping[str, Any], device: str = "cpu", parts: tuple[str, ...] = ("encoder", "decoder")) -> VAE:
+    """The VAE (its `parts`) with the checkpoint's ``vae.*`` weights, in fp32 (`decode_latents` and
+    `VAE.sample_latents` autocast on CUDA); every tensor of those parts must be there, and no other."""
+    from omni_hunyuan.weights import read_tensors
+
+    vae = build_vae(section, parts)
+    prefixes = tuple(f"{VAE_PREFIX}{part}." for part in parts)
+    state = {key[len(VAE_PREFIX) :]: tensor for key, tensor in read_tensors(model_path, prefixes).items()}
+    result = vae.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(f"vae.* weights do not match the release VAE: missing {result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+    return vae.to(device=device, dtype=torch.float32).eval()
+
+
+def load_image_decoder(model_path: str | Path, section: Mapping[str, Any], device: str = "cpu") -> Decoder:
+    """The checkpoint's VAE decoder alone (fp32), what the ``dit`` stage decodes with."""
+    return load_vae(model_path, section, device=device, parts=("decoder",)).decoder
 
 
 @torch.no_grad()
-def decode_latents(decoder: ImageDecoder, latents: torch.Tensor, vae_config: Mapping[str, Any]) -> torch.Tensor:
+def decode_latents(decoder: Decoder, latents: torch.Tensor, section: Mapping[str, Any]) -> torch.Tensor:
     """Scaled latents ``[B, C, h, w]`` -> uint8 images ``[B, H, W, 3]``, as the release decodes them.
 
-    Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode one image a call
-    (an image does not depend on what was decoded beside it; batching gained 3% on an H100,
-    bench/results/hunyuan-profile-h100-8layers-decoder.md), map [-1, 1] to [0, 255] and round. On CUDA
-    the decode runs under fp16 autocast, as the release pipeline's does (nemo-automodel's port keeps it:
-    the reference in `bench/hunyuan_image3.py`); elsewhere it runs in the decoder's dtype (fp32: what the
-    CPU tests compare with diffusers' VAE).
-    """
-    latents = latents.float() / float(vae_config.get("scaling_factor") or 1.0)
-    if vae_config.get("shift_factor"):
-        latents = latents + float(vae_config["shift_factor"])
-    dtype = next(decoder.parameters()).dtype
-    with torch.autocast(device_type=latents.device.type, dtype=torch.float16, enabled=latents.device.type == "cuda"):
-        pixels = torch.cat([decoder(latent[None].to(dtype)) for latent in latents])
-    image = (pixels.float() / 2 + 0.5).clamp(0, 1)
+    Undo the scaling (``/ scaling_factor``, then ``+ shift_factor`` when set), decode (`Decoder.decode_image`:
+    the last of the frames a one-frame latent gives), map [-1, 1] to [0, 255] and round. One image a call
+    (an image does not depend on what is decoded beside it; the memory of one 1024x1024 decode is the
+    peak). On CUDA under fp16 autocast, as the release pipeline decodes; elsewhere in the decoder's dtype."""
+    settings = VAESettings(section)
+    latents = latents.float() / settings.scaling_factor + settings.shift_factor
+    on_cuda = latents.device.type == "cuda"
+    with torch.autocast(device_type=latents.device.type, dtype=torch.float16, enabled=on_cuda):
+        pixels = torch.cat([decoder.decode_image(latent[None].to(decoder.dtype)) for latent in latents])
+    image = (pixels / 2 + 0.5).clamp(0, 1).float()  # (denormalized in the decode's dtype, as diffusers' postprocess does)
     return (image.permute(0, 2, 3, 1) * 255).round().to(torch.uint8)

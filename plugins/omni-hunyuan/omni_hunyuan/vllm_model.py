@@ -71,7 +71,7 @@ from omni_hunyuan.understanding import (
     preprocess,
     vit_processor,
 )
-from omni_hunyuan.vae import VAE_PREFIX, release_to_diffusers_key
+from omni_hunyuan.vae import VAE_PREFIX
 
 IMAGE_PREFIXES = (
     "patch_embed.", "final_layer.", "timestep_emb.", "time_embed.", "time_embed_2.", "guidance_emb.", "timestep_r_emb.",
@@ -237,7 +237,7 @@ class _TextModel(nn.Module):
             if encoding and name.startswith(ENCODER_PREFIXES) and not name.startswith("vae.decoder."):
                 # The image encoder (images in): the VAE in fp32, the rest in the model dtype.
                 vae = name.startswith(VAE_PREFIX)
-                name = f"encoder.vae.{release_to_diffusers_key(name[len(VAE_PREFIX):])}" if vae else f"encoder.{name}"
+                name = f"encoder.{name}"
                 with torch.no_grad():
                     params[name].data = tensor.to(device=params[name].device, dtype=torch.float32 if vae else params[name].dtype)
                 loaded.add(name)
@@ -355,8 +355,7 @@ class HunyuanImage3ForVLLM(HiddenStateCapture, _TextModel, SupportsMultiModal, S
                 "HunyuanImage-3.0 with images needs vLLM's enable_prefix_caching and enable_chunked_prefill off "
                 "(an image block attends both ways within one forward); or set limit_mm_per_prompt image 0"
             )
-        self.encoder = ImageEncoder(self.config)
-        self.encoder.vae.decoder = None  # encoding only (its weights are skipped on load)
+        self.encoder = ImageEncoder(self.config)  # (its VAE has no decoder: the decoder's weights are skipped on load)
         self.tokenizer_path = vllm_config.model_config.tokenizer
 
     @classmethod

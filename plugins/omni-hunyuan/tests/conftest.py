@@ -1,11 +1,10 @@
 """Fixtures of the HunyuanImage-3.0 tests: the tiny checkpoint (``omni-tiny/hunyuan-image3``), its
 tokenizer and special tokens, and our transformer loaded once per session.
 
-transformers and diffusers are imported at the top: without them the suite fails, never skips.
-Their ``modeling_utils`` too, once, here: the family contract loads its two inline stages at the same
-time in two threads, and both would otherwise import accelerate (through transformers' and diffusers'
-lazy modules) concurrently, where accelerate's circular imports fail with "partially initialized
-module" in one of them. Stages in processes (the default placement) never race.
+transformers is imported at the top: without it the suite fails, never skips. Its ``modeling_utils``
+too, once, here: the family contract loads its two inline stages at the same time in two threads, and
+both would otherwise import accelerate (through transformers' lazy modules) concurrently, where
+accelerate's circular imports fail with "partially initialized module" in one of them. Stages in processes (the default placement) never race.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import diffusers
-import diffusers.models.modeling_utils  # noqa: F401
 import pytest
 import transformers
 import transformers.modeling_utils
@@ -60,10 +57,8 @@ def vae(checkpoint: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def decoder(vae: Any) -> Any:
-    """The dit stage's image decoder (`ImageDecoder`) over the same VAE weights."""
-    from omni_hunyuan.vae import ImageDecoder
-
-    return ImageDecoder.from_vae(vae)
+    """The VAE's decoder, what the dit stage decodes with (`omni_hunyuan.vae.decode_latents`)."""
+    return vae.decoder
 
 
 @pytest.fixture(scope="session")

@@ -40,13 +40,13 @@ def parts(distil: Path) -> Any:
 
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.tokens import SpecialTokens
-    from omni_hunyuan.vae import ImageDecoder, load_vae
+    from omni_hunyuan.vae import load_image_decoder
     from omni_hunyuan.weights import load_transformer
 
     config = HunyuanConfig.from_pretrained(distil)
     tokenizer = AutoTokenizer.from_pretrained(distil)
     tokens = SpecialTokens.from_tokenizer(tokenizer, config.image_base_size)
-    decoder = ImageDecoder.from_vae(load_vae(distil, config.vae))
+    decoder = load_image_decoder(distil, config.vae)
     return load_transformer(distil), decoder, tokenizer, tokens, config
 
 

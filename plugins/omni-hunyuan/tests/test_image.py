@@ -1,5 +1,5 @@
 """The image path against nemo-automodel's Apache-2.0 `hunyuan_image3` on the same weights
-(FAMILIES.md 2.4/2.5), and the VAE against diffusers' own.
+(FAMILIES.md 2.4/2.5); the VAE against the release's outputs is test_release.py.
 
 nemo-automodel is imported at the top: if it is not installed (`pip install --no-deps
 nemo-automodel==0.7.0`), this module fails rather than skips.
@@ -58,7 +58,7 @@ def test_two_step_t2i_equals_nemo(
     checkpoint: Path, model: Any, reference: Any, tokenizer: Any, tokens: Any, vae: Any, decoder: Any
 ) -> None:
     """Same seed, same noise, same 2-step CFG schedule: latents within 1e-5; the 8-bit image of our
-    decoder and of the release-style decode nemo's pipeline runs (diffusers' 3-D VAE) within one level."""
+    decoder and of the release-style decode nemo's pipeline runs (over our VAE: `ReleaseVAECall`) within one level."""
     from omni_hunyuan.reference import NemoPrompts, ReleaseVAECall
     from omni_hunyuan.vae import decode_latents
 

@@ -1,5 +1,5 @@
 """Image understanding (i2t) on the torch side: the image block's layout, preprocessing, the image
-encoder's weights and what it computes against diffusers' VAE and transformers' Siglip2, and that the
+encoder's weights and what it computes against our VAE and transformers' Siglip2, and that the
 block's two-way attention and 2-D positions change the answer (so the vLLM test, which compares with
 `prompt_forward`, would see either go missing)."""
 
@@ -62,13 +62,12 @@ def test_preprocess_stretches_to_the_nearest_ratio_and_pads_the_vit_patches(conf
     assert cond.shape.vit_slots == slots
 
 
-def test_the_encoder_equals_diffusers_vae_and_transformers_siglip2(checkpoint: Path, config: HunyuanConfig, encoder: ImageEncoder, model: Any, tokens: Any) -> None:
-    """The embedded run: ``patch_embed(scaled VAE sample, time_embed(0))`` on diffusers' VAE, the
+def test_the_encoder_equals_the_vae_and_transformers_siglip2(checkpoint: Path, config: HunyuanConfig, encoder: ImageEncoder, model: Any, tokens: Any, vae: Any) -> None:
+    """The embedded run: ``patch_embed(scaled VAE sample, time_embed(0))`` (the VAE: test_release.py), the
     separator, ``aligner(Siglip2)`` with the padding rows zeroed; its modules carry the same weights as
     the transformer's (``patch_embed``, ``time_embed``, ``timestep_emb``)."""
     from transformers import Siglip2VisionConfig, Siglip2VisionModel
 
-    from omni_hunyuan.vae import load_vae
     from omni_hunyuan.weights import read_tensors
 
     for name in ("patch_embed", "time_embed", "timestep_emb"):
@@ -80,11 +79,9 @@ def test_the_encoder_equals_diffusers_vae_and_transformers_siglip2(checkpoint: P
     h, w = cond.shape.vae_grid
     assert run.shape == (cond.shape.slots, config.hidden_size)
 
-    vae = load_vae(checkpoint, config.vae)
-    latents = vae.encode(cond.vae_pixels[None, :, None]).latent_dist.sample(torch.Generator().manual_seed(7))[:, :, 0]
-    latents = latents * float(config.vae["scaling_factor"])
     t = torch.zeros(1)
     with torch.no_grad():
+        latents = vae.sample_latents(cond.vae_pixels[None], torch.Generator().manual_seed(7))
         expected_vae = model.patch_embed(latents, model.time_embed(t))[0]
     torch.testing.assert_close(run[: h * w], expected_vae, atol=1e-5, rtol=0)
     torch.testing.assert_close(run[h * w], separator)
