@@ -124,9 +124,9 @@ class HunyuanInputProcessor(InputProcessor):
         from transformers import AutoTokenizer
 
         from omni_hunyuan.config import SYSTEM_PROMPT_NAMES, HunyuanConfig, default_system_prompts, generation_defaults, system_prompt_texts
-        from omni_hunyuan.tokens import SpecialTokens
-
         from omni_hunyuan.resolution import drawable
+        from omni_hunyuan.tokens import SpecialTokens
+        from omni_hunyuan.understanding import image_block_refusal
 
         path = self.context.model_path
         config = HunyuanConfig.from_pretrained(path)
@@ -141,6 +141,7 @@ class HunyuanInputProcessor(InputProcessor):
             if defaults.get("drop_think") else None
         )
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, config.image_base_size)
+        self.image_refusal = image_block_refusal(config.raw)
         self.ratio_ids = [self.tokens.ratios[i] for i in drawable(config.image_base_size, len(self.tokens.ratios), config.vae_downsample)]
 
     def process(self, request: Any) -> dict[str, StageInput]:
@@ -148,6 +149,8 @@ class HunyuanInputProcessor(InputProcessor):
         if prompt is None and request.messages:
             prompt = last_user_text(request.messages, reads=("image_url", "image"))
         images = last_user_images(request.messages, MAX_IMAGES, "HunyuanImage-3.0")
+        if images and self.image_refusal:
+            raise InvalidRequestError(self.image_refusal, param="messages")
         if images and request.task in ("t2t", "i2t") and prompt is None:
             prompt = ""  # an image alone is a prompt for i2t
         elif not isinstance(prompt, str) or not prompt.strip():

@@ -26,23 +26,27 @@ from omni_hunyuan.tokens import (
     size_token,
 )
 
+_TINY: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attention_head_dim": 32,  # vLLM's CPU attention takes 32, 64, 80, ...
+    "num_experts": 4,
+    "moe_topk": 2,
+    "moe_intermediate_size": 32,
+    "patch_embed_hidden_dim": 32,  # GroupNorm32 needs a multiple of 32
+    "image_base_size": 64,  # 64x64 images = 4x4 latent tokens
+    "tokenizer_vocab": 512,
+    "vae_blocks": [32, 32, 64, 64, 64],
+    "vae_layers_per_block": 2,
+    "vit_width": 32,
+}
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "attention_head_dim": 32,  # vLLM's CPU attention takes 32, 64, 80, ...
-        "num_experts": 4,
-        "moe_topk": 2,
-        "moe_intermediate_size": 32,
-        "patch_embed_hidden_dim": 32,  # GroupNorm32 needs a multiple of 32
-        "image_base_size": 64,  # 64x64 images = 4x4 latent tokens
-        "tokenizer_vocab": 512,
-        "vae_blocks": [32, 32, 64, 64, 64],
-        "vae_layers_per_block": 2,
-        "vit_width": 32,
-    }
+    "tiny": _TINY,
+    # 256x256 images (16x16 latent tokens): the smallest base size the Instruct release's code takes (its
+    # resolution table aligns sizes to 16 pixels with a step of base / 16, and asserts step >= 16).
+    "small": {**_TINY, "image_base_size": 256},
 }
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"
@@ -161,6 +165,10 @@ def release_config(size: dict[str, Any], vocab_size: int, tokenizer: Any) -> dic
             "hidden_act": "gelu_pytorch_tanh",
             "layer_norm_eps": 1e-6,
             "attention_dropout": 0.0,
+            # (the release's own Siglip2 tower reads these three from the section)
+            "output_attentions": False,
+            "output_hidden_states": False,
+            "use_return_dict": True,
         },
         "vit_processor": {
             "max_num_patches": 16,
@@ -173,6 +181,10 @@ def release_config(size: dict[str, Any], vocab_size: int, tokenizer: Any) -> dic
             "image_std": [0.5, 0.5, 0.5],
         },
         "vit_aligner": {"projector_type": "mlp_gelu", "input_dim": vit_width, "n_embed": size["hidden_size"], "depth": 2},
+        "vit_type": "siglip2-so400m-patch16-naflex",  # (the Instruct release's code requires it: its only ViT)
+        # How an input image's tokens attend (`omni_hunyuan.understanding.COND_TOKEN_ATTN_TYPE`).
+        "cond_image_type": "vae_vit",
+        "cond_token_attn_type": "joint_full",
     }
 
 
@@ -181,6 +193,7 @@ def generation_config(tokenizer: Any) -> dict[str, Any]:
     return {
         "sequence_template": "pretrain",
         "bot_task": "image",
+        "use_system_prompt": "None",  # (the release's string for none; its generate_image reads the key)
         "drop_think": False,
         "flow_shift": 3.0,
         "diff_infer_steps": 50,
@@ -225,14 +238,15 @@ def _vae_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:
 
 def _vision_tensors(config: dict[str, Any], seed: int) -> dict[str, Any]:
     import torch
-    from transformers import Siglip2VisionConfig, Siglip2VisionModel
+    from transformers import Siglip2VisionModel
 
-    vit = {k: v for k, v in config["vit"].items() if k != "model_type"}
+    from omni_hunyuan.understanding import vit_config
+
     aligner = config["vit_aligner"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tower = Siglip2VisionModel(Siglip2VisionConfig(**vit))
-        # The release's LightProjector as an MLP (Linear, GELU, Linear): layer names unverified (issue 25).
+        tower = Siglip2VisionModel(vit_config(config["vit"]))
+        # The release's LightProjector ``mlp_gelu`` of depth 2 (Linear, GELU, Linear; its code loads these names).
         projector = torch.nn.Sequential(
             torch.nn.Linear(aligner["input_dim"], aligner["n_embed"]),
             torch.nn.GELU(),

@@ -12,22 +12,26 @@ One image becomes, where its ``<img>`` placeholder stood in the prompt::
   timestep 0; ``h_v x w_v`` latent tokens, row-major;
 - ``<timestep>``: ``timestep_emb(0)``; ``<joint_img_sep>``: its word embedding;
 - the ViT slots: transformers' Siglip2 (naflex) processor and vision tower (``vision_model.*``) with
-  the checkpoint's ``vit_processor`` settings, always ``P = max_num_patches`` rows (the padding rows
-  zeroed), then the aligner (``vision_aligner.layers.*``: Linear, GELU, Linear);
+  the checkpoint's ``vit_processor`` settings, always ``P = max_num_patches`` rows (the padding rows as
+  the tower gives them: masked as keys only, as the release's code does), then the aligner
+  (``vision_aligner.layers.*``: Linear, GELU, Linear);
 - positions (2-D RoPE, `omni_hunyuan.rope`): every token's is its index, but the VAE slots sit on their
   ``h_v x w_v`` grid and the first ``h_p * w_p`` ViT slots on the ViT's patch grid (the padding rows
   stay 1-D); text after the block goes on from its end;
 - attention: causal, except that the span from the first VAE slot to the last ViT slot (separator and
-  padding included) attends both ways within itself.
+  padding included) attends both ways within itself (the release's ``cond_token_attn_type: joint_full``;
+  requests with images on a checkpoint naming another kind are refused: `image_block_refusal`).
 
-This is how vLLM-Omni's HunyuanImage-3.0 model builds its i2t inputs (FAMILIES.md 2.2-2.3); the
-Instruct template puts the images after ``User: `` (`i2t_prompt_ids`). Torch and transformers
-only: the ``ar`` stage's vLLM model (`omni_hunyuan.vllm_model`) and the torch reference
-(`layout`, then `HunyuanImage3.greedy` with its ``prompt``) share it.
+Checked against the -Instruct release's own code on a tiny checkpoint (tests/test_release.py: an edit
+through the ``dit`` stage). This is how vLLM-Omni's HunyuanImage-3.0 model builds its i2t inputs
+(FAMILIES.md 2.2-2.3); the Instruct template puts the images after ``User: `` (`i2t_prompt_ids`).
+Torch and transformers only: the ``ar`` stage's vLLM model (`omni_hunyuan.vllm_model`) and the torch
+reference (`layout`, then `HunyuanImage3.greedy` with its ``prompt``) share it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +199,33 @@ class Aligner(nn.Module):
         return self.layers(x)
 
 
+def vit_config(section: Mapping[str, Any]) -> Any:
+    """transformers' ``Siglip2VisionConfig`` of the release config's ``vit`` section, less ``model_type`` and
+    ``use_return_dict``: the release stores that (its own Siglip2 tower reads it as a plain attribute), and
+    on a transformers config it is a read-only property, which the constructor refuses."""
+    from transformers import Siglip2VisionConfig
+
+    return Siglip2VisionConfig(**{k: v for k, v in section.items() if k not in ("model_type", "use_return_dict")})
+
+
+# How the release's code lets an input image's tokens attend (config.json ``cond_image_type`` /
+# ``cond_token_attn_type``): this module builds the ``vae_vit`` block with one two-way span over its VAE
+# slots, separator and ViT slots (``joint_full``); the release's other kinds are refused, not approximated.
+COND_IMAGE_TYPE, COND_TOKEN_ATTN_TYPE = "vae_vit", "joint_full"
+
+
+def image_block_refusal(raw: Mapping[str, Any]) -> str | None:
+    """Why this checkpoint's input images cannot be read as it asks (config.json ``raw``), or None."""
+    # (absent, the release's code takes "vae_vit" and "full")
+    kinds = (raw.get("cond_image_type", "vae_vit"), raw.get("cond_token_attn_type", "full"))
+    if kinds == (COND_IMAGE_TYPE, COND_TOKEN_ATTN_TYPE):
+        return None
+    return (
+        f"this checkpoint's config.json asks for input images as cond_image_type {kinds[0]!r} attending as "
+        f"cond_token_attn_type {kinds[1]!r}; Omni reads them only as {COND_IMAGE_TYPE!r} / {COND_TOKEN_ATTN_TYPE!r}"
+    )
+
+
 class ImageEncoder(nn.Module):
     """The modules that turn a `CondImage` into its embedded run, with the checkpoint's weights:
     the VAE (its encoder), ``patch_embed`` and ``time_embed``, ``timestep_emb`` (the ``<timestep>``
@@ -202,16 +233,17 @@ class ImageEncoder(nn.Module):
 
     def __init__(self, config: HunyuanConfig) -> None:
         super().__init__()
-        from transformers import Siglip2VisionConfig, Siglip2VisionModel
+        from transformers import Siglip2VisionModel
 
         from omni_hunyuan.vae import build_vae
 
-        vit = {k: v for k, v in (config.raw.get("vit") or {}).items() if k != "model_type"}
+        vit = config.raw.get("vit") or {}
         if not vit or not config.raw.get("vit_aligner"):
             raise ValueError("config.json has no 'vit' / 'vit_aligner' sections: this checkpoint cannot read images")
+        self.refusal = image_block_refusal(config.raw)  # (the input processor refuses such requests first)
         self.config = config
         self.vae = build_vae(config.vae, parts=("encoder",))
-        self.vision_model = Siglip2VisionModel(Siglip2VisionConfig(**vit))
+        self.vision_model = Siglip2VisionModel(vit_config(vit))
         self.vision_aligner = Aligner(dict(config.raw["vit_aligner"]))
         self.patch_embed = UNetDown(config.latent_channels, config.hidden_size, config.patch_embed_hidden_dim)
         self.time_embed = TimestepEmbedder(config.hidden_size)
@@ -248,6 +280,8 @@ class ImageEncoder(nn.Module):
     def embed(self, image: CondImage, separator: torch.Tensor, seed: int | torch.Generator = 0) -> torch.Tensor:
         """``[slots, hidden]``: VAE tokens, `separator` (``<joint_img_sep>``'s word embedding), ViT tokens.
         The VAE latent is a sample drawn from `seed` (a generator: the next draw of it)."""
+        if self.refusal:
+            raise ValueError(self.refusal)
         device = self.patch_embed.model[0].weight.device
         pixels = image.vae_pixels.to(device=device, dtype=torch.float32)[None]  # [1, 3, H, W]
         generator = seed if isinstance(seed, torch.Generator) else torch.Generator(device).manual_seed(seed)
@@ -260,7 +294,7 @@ class ImageEncoder(nn.Module):
             pixel_attention_mask=mask[None],
             spatial_shapes=torch.tensor([image.vit_grid], device=device),
         ).last_hidden_state[0]
-        hidden = hidden * mask[:, None].to(hidden.dtype)  # padding rows: zeros into the aligner
+        # (the padding slots keep what the tower gives them, as in the release: only the keys are masked)
         vit_tokens = self.vision_aligner(hidden)
         return torch.cat([vae_tokens, separator.to(self.dtype)[None], vit_tokens.to(self.dtype)])
 

@@ -59,6 +59,16 @@ def _photo(seed: int, size: tuple[int, int] = (96, 64)) -> Any:
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
 
 
+def _data_url(image: Any) -> str:
+    """A PNG data URL of a PIL image (what a chat message's ``image_url`` part carries)."""
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
 def _whole_sequence_velocity(
     model: Any, prefix_embeds: torch.Tensor, prefix_positions: torch.Tensor, spans: tuple[tuple[int, int], ...],
     latents: torch.Tensor, t: torch.Tensor, eoi: torch.Tensor,
@@ -237,16 +247,11 @@ def test_edits_are_refused_where_they_cannot_run(checkpoint: Path, runtime: Any,
 def test_the_input_processor_routes_images_by_modality(instruct: Path) -> None:
     """``modalities: ["image"]`` with an image in the message edits it (it2i, the dit alone); with
     ``["text"]`` it is read (i2t); with both the ar stage reasons over it first, and the dit gets it too."""
-    import base64
-    import io
-
     from omni_hunyuan.pipeline import HunyuanInputProcessor
 
     from omni_core.parts import PartContext
 
-    buffer = io.BytesIO()
-    _photo(1).save(buffer, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    url = _data_url(_photo(1))
     messages = [
         {"role": "system", "content": "Be vivid."},
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}]},
@@ -406,6 +411,31 @@ def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_pa
     think = dropping.process(OmniRequest(prompt=PROMPT, task="think_t2i", params={}))  # (think alone: the system text stays)
     unified = dropping.tokenizer.encode("All.", add_special_tokens=False)
     assert think["dit"].params["reasoning_prompt"]["ids"][1 : 1 + len(unified)] == unified
+
+
+def test_images_are_refused_where_the_checkpoint_asks_for_another_block(instruct: Path, tmp_path: Path) -> None:
+    """config.json's ``cond_token_attn_type`` other than ``joint_full`` (or absent: the release's code then
+    takes ``full``, two separate two-way spans) is a layout we do not build: a request with an image gets a
+    400 naming both, before any model work; text requests still run."""
+    from PIL import Image
+
+    from omni_hunyuan.pipeline import HunyuanInputProcessor
+
+    from omni_core.parts import PartContext
+
+    for item in instruct.iterdir():
+        if item.name != "config.json":
+            (tmp_path / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
+    config = json.loads((instruct / "config.json").read_text())
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(Image.new("RGB", (32, 32)))}}, {"type": "text", "text": PROMPT}]}]
+    for kinds in ({"cond_token_attn_type": "full"}, {"cond_token_attn_type": None}):
+        (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in {**config, **kinds}.items() if v is not None}))
+        part = HunyuanInputProcessor(PartContext(resolve(str(tmp_path))))
+        part.load()
+        for task in ("i2t", "it2i"):
+            with pytest.raises(InvalidRequestError, match="cond_token_attn_type 'full'.*'joint_full'"):
+                part.process(OmniRequest(messages=image, task=task, params={}))
+        assert part.process(OmniRequest(prompt=PROMPT, task="t2t", params={}))["ar"].data == {"prompt": PROMPT}
 
 
 def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any, run_dit: Any) -> None:

@@ -7,17 +7,28 @@ holds what Tencent's release code (github.com/Tencent-Hunyuan/HunyuanImage-3.0 a
 - ``decode_latents`` -> ``decode_pixels``: ``vae.decode`` of a one-frame latent (the frame it returns);
 - ``encode_pixels`` -> ``encode_latents``: ``vae.encode(...).latent_dist.sample(torch.Generator().manual_seed(5))``
   times ``scaling_factor``;
-- ``t2i_latents`` / ``t2i_image``: ``generate_image(prompt, seed=42, image_size="64x64", diff_infer_steps=2,
-  use_system_prompt="None", bot_task="image")`` (the checkpoint's ``pretrain`` template, CFG 5.0, flow shift 3.0):
-  the latents it decoded (times ``scaling_factor``) and the PNG's pixels.
+- ``t2i_latents`` / ``t2i_image``: ``generate_image(prompt, seed=42, image_size="64x64", diff_infer_steps=2)``
+  with the checkpoint's generation_config (the ``pretrain`` template, ``bot_task`` image, no system prompt,
+  CFG 5.0, flow shift 3.0): the latents it decoded (times ``scaling_factor``) and the PNG's pixels.
+
+`data/release_small_distil_reference.safetensors` holds what the -Instruct release's code (Tencent's
+``modeling_hunyuan_image_3.py`` with its tokenizer class and pipeline, as mirrored at
+github.com/suryatmodulus/HunyuanImage-3.0 at 1ea1526) gave on ``make_tiny(size="small", distil=True)`` (the
+-Instruct-Distil schema at 256x256, the smallest base size that code takes): ``generate_image(prompt, seed=42,
+image_size="256x256", bot_task="image")`` with the checkpoint's defaults (the ``instruct`` template, 8 steps,
+guidance 2.5 through ``<guidance>``, ``<timestep_r>``, no uncond row): the token ids of its image pass and the
+latents it decoded; and the same for an edit, ``generate_image(edit_prompt, image="edit_input.png", ...)`` of
+``data/edit_input.png`` (the input image's joint VAE + ViT block, ``cond_token_attn_type: joint_full``). (Its tokenizer class, under transformers 5, rebuilds a backend without tokenizer.json's
+byte-level pre-tokenizer; the ids above are from the file's own tokenizer, as transformers 4, the release's,
+loads it.)
 
 The release code is not in this repository (its licence); its outputs are. Running it on CPU under
-transformers 5 took four local edits that do not touch its numbers: no torchvision (its ``ToTensor`` /
+transformers 5 took local edits that do not touch its numbers: no torchvision (its ``ToTensor`` /
 ``Normalize`` as plain tensor ops; transformers' PIL Siglip2 image processor), ``lazy_initialization(keys,
-values)`` (transformers 5's cache layer signature), no ``torch.cuda.set_device`` / NVTX ranges, and the bf16
-starting noise cast to the fp32 model's dtype (the release runs the model under CUDA bf16 autocast, a no-op on
-CPU). The file's metadata carries the checkpoint's digest: `reference` checks it first, so a changed
-``make_tiny`` fails here by name instead of as a numeric mismatch.
+values)`` (transformers 5's cache layer signature), no ``torch.cuda.set_device`` / NVTX ranges / tensors placed
+on CUDA, and the bf16 starting noise cast to the fp32 model's dtype (the release runs the model under CUDA bf16
+autocast, a no-op on CPU). Each file's metadata carries its checkpoint's digest, checked first (`_load`), so a
+changed ``make_tiny`` fails here by name instead of as a numeric mismatch.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import pytest
 import torch
 
 REFERENCE = Path(__file__).parent / "data" / "release_tiny_reference.safetensors"
+DISTIL_REFERENCE = Path(__file__).parent / "data" / "release_small_distil_reference.safetensors"
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -41,20 +53,34 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-@pytest.fixture(scope="module")
-def reference(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _load(path: Path, checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The stored tensors and metadata, once the checkpoint is checked to be the one they were made on."""
     from safetensors import safe_open
 
     from omni_hunyuan.weights import read_tensors
 
-    with safe_open(str(REFERENCE), framework="pt") as reader:
+    with safe_open(str(path), framework="pt") as reader:
         tensors = {key: reader.get_tensor(key) for key in reader.keys()}
         metadata = reader.metadata()
     assert _digest(read_tensors(checkpoint)) == metadata["checkpoint_sha256"], (
-        "omni-tiny/hunyuan-image3 is not the checkpoint the release reference was made on (make_tiny or torch's "
-        "RNG changed): regenerate the reference as this module's docstring says"
+        f"{checkpoint} is not the checkpoint {path.name} was made on (make_tiny or torch's RNG changed): "
+        "regenerate the reference as this module's docstring says"
     )
     return tensors, metadata
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    return _load(REFERENCE, checkpoint)
+
+
+@pytest.fixture(scope="module")
+def small_distil(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from omni_hunyuan.tiny import make_tiny
+
+    directory = tmp_path_factory.mktemp("hunyuan-small-distil")
+    make_tiny(directory, size="small", distil=True)
+    return directory
 
 
 def test_the_vae_decodes_as_the_release(reference: Any, vae: Any) -> None:
@@ -96,3 +122,74 @@ def test_t2i_from_prompt_to_png_equals_the_release_pipeline(
     expected = tensors["t2i_image"].numpy().astype(int)
     assert image.shape == expected.shape == (height, width, 3)
     assert np.abs(image - expected).max() <= 1 and (image != expected).mean() < 0.001
+
+
+def test_instruct_distil_t2i_equals_the_instruct_release(small_distil: Path, inline_dit: Any, run_dit: Any) -> None:
+    """The ``dit`` stage on the -Instruct-Distil schema against the -Instruct release's ``generate_image``:
+    the same token ids for the image pass, the stand-alone sampler's latents within 1e-5 of the ones the
+    release decoded, and the stage's PNG within one 8-bit level of those latents decoded (our decoder:
+    the release's numbers, above)."""
+    from transformers import AutoTokenizer
+
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.prompt import image_rows
+    from omni_hunyuan.sampler import initial_noise, sample_t2i
+    from omni_hunyuan.tokens import SpecialTokens
+    from omni_hunyuan.vae import decode_latents, load_image_decoder
+    from omni_hunyuan.weights import load_transformer
+
+    tensors, meta = _load(DISTIL_REFERENCE, small_distil)
+    config = HunyuanConfig.from_pretrained(small_distil)
+    width, height = (int(x) for x in meta["size"].split("x"))
+    seed, steps = int(meta["seed"]), int(meta["steps"])
+    runtime = inline_dit(small_distil)
+    try:
+        final = run_dit(runtime, {"a": ({"prompt": meta["prompt"]}, {"seed": seed, "num_inference_steps": steps, "size": (width, height)})})["a"]
+    finally:
+        runtime.close()
+    tokenizer = AutoTokenizer.from_pretrained(small_distil)
+    tokens = SpecialTokens.from_tokenizer(tokenizer, config.image_base_size)
+    expected_ids = tensors["distil_prompt_ids"].tolist()  # the whole row: text, the image span, <eoi>, </answer>
+    before_image = expected_ids[: expected_ids.index(tokens.timestep)]  # text, <answer>, <boi>, size, ratio
+    assert list(final["prompt_token_ids"]) == before_image[:-3]  # (what the stage reports: the text, through <answer>)
+
+    h, w = height // config.vae_downsample, width // config.vae_downsample
+    rows = image_rows(tokens, before_image[:-3], tokens.ratios.index(before_image[-1]), h, w, cfg=False, step_ids=tokens.step_tokens(config))
+    # The same row through <eoi>; what the release's template puts after it (</answer> and a separator) no
+    # image token sees (they attend to themselves and what comes before).
+    ours = rows.rows[0].tolist()
+    assert ours == expected_ids[: len(ours)] and ours[-1] == tokens.eoi
+    model = load_transformer(small_distil)
+    latents = sample_t2i(model, rows.prefix, initial_noise(seed, config.latent_channels, h, w), steps, float(meta["guidance_scale"]), float(meta["flow_shift"]))
+    torch.testing.assert_close(latents, tensors["distil_t2i_latents"], atol=1e-5, rtol=0)
+    released = decode_latents(load_image_decoder(small_distil, config.vae), tensors["distil_t2i_latents"], config.vae)[0].numpy().astype(int)
+    assert final["image"].shape == released.shape == (height, width, 3)
+    assert np.abs(final["image"].astype(int) - released).max() <= 1 and (final["image"] != released).mean() < 0.001
+
+
+def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, inline_dit: Any, run_dit: Any) -> None:
+    """An edit (it2i) through the ``dit`` stage against the -Instruct release's: the image row equals its
+    token for token through ``<eoi>`` (our layout's ids: the input block's slots as ``<img>``), and the PNG
+    is within one 8-bit level of its latents decoded (the input image's VAE sample and the noise from one
+    generator, the ViT slots, the block's positions and two-way span all enter those latents)."""
+    from PIL import Image
+
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.vae import decode_latents, load_image_decoder
+
+    tensors, meta = _load(DISTIL_REFERENCE, small_distil)
+    config = HunyuanConfig.from_pretrained(small_distil)
+    width, height = (int(x) for x in meta["size"].split("x"))
+    photo = Image.open(REFERENCE.parent / meta["edit_input"]).convert("RGB")
+    params = {"seed": int(meta["seed"]), "num_inference_steps": int(meta["steps"]), "size": (width, height)}
+    runtime = inline_dit(small_distil)
+    try:
+        final = run_dit(runtime, {"edit": ({"prompt": meta["edit_prompt"], "images": [photo], "system": None}, params)})["edit"]
+    finally:
+        runtime.close()
+    expected_ids = tensors["edit_prompt_ids"].tolist()
+    ours = list(final["prompt_token_ids"])
+    assert ours == expected_ids[: len(ours)] and len(expected_ids) > len(ours) + width * height // 256
+    released = decode_latents(load_image_decoder(small_distil, config.vae), tensors["edit_latents"], config.vae)[0].numpy().astype(int)
+    assert final["image"].shape == released.shape == (height, width, 3)
+    assert np.abs(final["image"].astype(int) - released).max() <= 1 and (final["image"] != released).mean() < 0.001

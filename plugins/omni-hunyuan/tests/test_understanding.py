@@ -64,7 +64,7 @@ def test_preprocess_stretches_to_the_nearest_ratio_and_pads_the_vit_patches(conf
 
 def test_the_encoder_equals_the_vae_and_transformers_siglip2(checkpoint: Path, config: HunyuanConfig, encoder: ImageEncoder, model: Any, tokens: Any, vae: Any) -> None:
     """The embedded run: ``patch_embed(scaled VAE sample, time_embed(0))`` (the VAE: test_release.py), the
-    separator, ``aligner(Siglip2)`` with the padding rows zeroed; its modules carry the same weights as
+    separator, ``aligner(Siglip2)`` of every row, padding included (the release's rule); its modules carry the same weights as
     the transformer's (``patch_embed``, ``time_embed``, ``timestep_emb``)."""
     from transformers import Siglip2VisionConfig, Siglip2VisionModel
 
@@ -86,13 +86,13 @@ def test_the_encoder_equals_the_vae_and_transformers_siglip2(checkpoint: Path, c
     torch.testing.assert_close(run[: h * w], expected_vae, atol=1e-5, rtol=0)
     torch.testing.assert_close(run[h * w], separator)
 
-    vit = {k: v for k, v in config.raw["vit"].items() if k != "model_type"}
+    vit = {k: v for k, v in config.raw["vit"].items() if k not in ("model_type", "use_return_dict")}
     tower = Siglip2VisionModel(Siglip2VisionConfig(**vit))
     tower.load_state_dict({k.removeprefix("vision_model."): v for k, v in read_tensors(checkpoint, ("vision_model.",)).items()})
     aligner = read_tensors(checkpoint, ("vision_aligner.",))
     with torch.no_grad():
         hidden = tower(pixel_values=cond.vit_pixels[None], pixel_attention_mask=cond.vit_mask[None], spatial_shapes=torch.tensor([cond.vit_grid])).last_hidden_state[0]
-        hidden = hidden * cond.vit_mask[:, None]
+        assert not cond.vit_mask.all()  # (a padding row, which the aligner takes as the tower gives it)
         first = torch.nn.functional.linear(hidden, aligner["vision_aligner.layers.0.weight"], aligner["vision_aligner.layers.0.bias"])
         expected_vit = torch.nn.functional.linear(torch.nn.functional.gelu(first), aligner["vision_aligner.layers.2.weight"], aligner["vision_aligner.layers.2.bias"])
     torch.testing.assert_close(run[h * w + 1 :], expected_vit, atol=1e-5, rtol=0)
