@@ -18,7 +18,10 @@ github.com/suryatmodulus/HunyuanImage-3.0 at 1ea1526) gave on ``make_tiny(size="
 image_size="256x256", bot_task="image")`` with the checkpoint's defaults (the ``instruct`` template, 8 steps,
 guidance 2.5 through ``<guidance>``, ``<timestep_r>``, no uncond row): the token ids of its image pass and the
 latents it decoded; and the same for an edit, ``generate_image(edit_prompt, image="edit_input.png", ...)`` of
-``data/edit_input.png`` (the input image's joint VAE + ViT block, ``cond_token_attn_type: joint_full``). (Its tokenizer class, under transformers 5, rebuilds a backend without tokenizer.json's
+``data/edit_input.png`` (the input image's joint VAE + ViT block, ``cond_token_attn_type: joint_full``).
+`data/release_small_instruct_reference.safetensors`: the same code's t2i on ``make_tiny(size="small")`` with
+the ``instruct`` template and 4 steps (no distillation: CFG 5.0 with an uncond row that blanks only the
+prompt): both rows' token ids and the latents it decoded. (Its tokenizer class, under transformers 5, rebuilds a backend without tokenizer.json's
 byte-level pre-tokenizer; the ids above are from the file's own tokenizer, as transformers 4, the release's,
 loads it.)
 
@@ -43,6 +46,7 @@ import torch
 
 REFERENCE = Path(__file__).parent / "data" / "release_tiny_reference.safetensors"
 DISTIL_REFERENCE = Path(__file__).parent / "data" / "release_small_distil_reference.safetensors"
+INSTRUCT_REFERENCE = Path(__file__).parent / "data" / "release_small_instruct_reference.safetensors"
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -193,3 +197,45 @@ def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, in
     released = decode_latents(load_image_decoder(small_distil, config.vae), tensors["edit_latents"], config.vae)[0].numpy().astype(int)
     assert final["image"].shape == released.shape == (height, width, 3)
     assert np.abs(final["image"].astype(int) - released).max() <= 1 and (final["image"] != released).mean() < 0.001
+
+
+def test_instruct_cfg_t2i_equals_the_instruct_release(tmp_path: Path, inline_dit: Any, run_dit: Any) -> None:
+    """The ``instruct`` template with CFG (an Instruct checkpoint that is not distilled): both rows as the
+    release builds them (the uncond row blanks the prompt only), and the ``dit`` stage's PNG within one
+    8-bit level of the release's latents decoded."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from omni_hunyuan.config import HunyuanConfig
+    from omni_hunyuan.prompt import image_rows, instruct_text
+    from omni_hunyuan.resolution import ratio_sizes
+    from omni_hunyuan.tiny import make_tiny
+    from omni_hunyuan.tokens import SpecialTokens
+    from omni_hunyuan.vae import decode_latents, load_image_decoder
+
+    make_tiny(tmp_path, size="small")
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**generation, "sequence_template": "instruct", "diff_infer_steps": 4}))
+    tensors, meta = _load(INSTRUCT_REFERENCE, tmp_path)
+    config = HunyuanConfig.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokens = SpecialTokens.from_tokenizer(tokenizer, config.image_base_size)
+    width, height = (int(x) for x in meta["size"].split("x"))
+    h, w = height // config.vae_downsample, width // config.vae_downsample
+    text = instruct_text(tokenizer, tokens, meta["prompt"], opener=tokens.answer)
+    ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((width, height))
+    rows = image_rows(tokens, text.ids, ratio, h, w, cfg=True, blank=text.blank)
+    released = tensors["cfg_prompt_ids"].tolist()
+    for ours, theirs in zip(rows.rows.tolist(), released, strict=True):  # (after <eoi>: what no image token sees)
+        assert ours == theirs[: len(ours)] and ours[-1] == tokens.eoi
+
+    runtime = inline_dit(tmp_path)
+    try:
+        params = {"seed": int(meta["seed"]), "num_inference_steps": int(meta["steps"]), "size": (width, height)}
+        image = run_dit(runtime, {"a": ({"prompt": meta["prompt"]}, params)})["a"]["image"]
+    finally:
+        runtime.close()
+    expected = decode_latents(load_image_decoder(tmp_path, config.vae), tensors["cfg_latents"], config.vae)[0].numpy().astype(int)
+    assert image.shape == expected.shape == (height, width, 3)
+    assert np.abs(image.astype(int) - expected).max() <= 1 and (image != expected).mean() < 0.001
