@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")  # (run.sh passes it; the VAE runs as the release runs it)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="also the kernels of one contiguous decode (torch.profiler)")
     args = parser.parse_args()
     section = {"latent_channels": 32, "block_out_channels": WIDTHS[args.preset], "layers_per_block": 2,
                "ffactor_spatial": 16, "ffactor_temporal": 4, "scaling_factor": 0.562679178327931}
@@ -84,13 +85,27 @@ def main() -> None:
         first = image if first is None else first
         difference = (image - first).abs()
         rows.append(f"| {name} | {ms:.1f} | {int(difference.max())} | {float((difference > 0).float().mean()):.5f} |")
+    profile = ""
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile as record
+
+        if cuda:
+            torch.backends.cudnn.benchmark = False
+        decoder.to(memory_format=torch.contiguous_format)
+        activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+        with record(activities=activities) as prof:
+            decode_latents(decoder, latents, section)
+            if cuda:
+                torch.cuda.synchronize()
+        key = "cuda_time_total" if cuda else "cpu_time_total"
+        profile = "\n```\n" + prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=70) + "```\n"
     name = torch.cuda.get_device_name() if cuda else "cpu"
     lines = [
         f"## HunyuanImage-3.0 VAE decode, {args.preset}: one {SIDES[args.preset]}x{SIDES[args.preset]} image, VAE widths {WIDTHS[args.preset]}",
         "", f"{name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}", "",
         "| variant | ms per image | max 8-bit difference | share of values that differ |", "|---|---:|---:|---:|", *rows,
     ]
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n" + profile
     print(text)
     out = Path(os.environ.get("OUT", "bench/results"))
     out.mkdir(parents=True, exist_ok=True)

@@ -30,8 +30,33 @@ from torch import nn
 VAE_PREFIX = "vae."
 
 
+class GroupNorm(nn.GroupNorm):
+    """``nn.GroupNorm`` (the release's 32 groups, eps 1e-6, affine; the same parameters), whose statistics
+    on CUDA come from a parallel reduction: PyTorch's group-norm statistics kernel
+    (``RowwiseMomentsCUDAKernel``) took 163 of the 462 ms of a 1024x1024 decode on an H100
+    (bench/hunyuan_vae_decode.py --profile, `bench/results/hunyuan-vae-decode-h100.md`): one thread block
+    per (sample, group) row, 32 blocks over rows of up to ~16M values. In fp32, as autocast runs group
+    norm (`group_norm_by_reduction`, equal to ``F.group_norm`` within fp32 rounding: tests/test_pieces.py);
+    this path's own time on a GPU is not measured yet. Elsewhere the library's kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cuda:
+            return super().forward(x)
+        return group_norm_by_reduction(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+def group_norm_by_reduction(x: torch.Tensor, groups: int, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """``F.group_norm`` in fp32 from ``torch.var_mean`` over each (sample, group) row (`GroupNorm`'s CUDA path)."""
+    batch, channels = x.shape[:2]
+    rows = x.float().reshape(batch, groups, -1)
+    var, mean = torch.var_mean(rows, dim=-1, correction=0, keepdim=True)
+    normed = ((rows - mean) * torch.rsqrt(var + eps)).reshape(x.shape)
+    shape = (1, channels) + (1,) * (x.dim() - 2)
+    return normed * weight.float().reshape(shape) + bias.float().reshape(shape)
+
+
 def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
+    return GroupNorm(32, channels, eps=1e-6, affine=True)
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int = 3) -> nn.Conv3d:

@@ -85,6 +85,21 @@ def test_decode_latents_keeps_the_last_of_the_frames_a_latent_decodes_to(checkpo
         assert (pixels.int() - expected.int()).abs().max() <= 1
 
 
+def test_the_vae_group_norm_by_reduction_equals_the_library(vae: Any) -> None:
+    """`GroupNorm`'s CUDA path (statistics from ``torch.var_mean``), run here on CPU, against
+    ``F.group_norm`` with a decoder norm's own parameters, on fp32 and on fp16 input (autocast's case)."""
+    from omni_hunyuan.vae import group_norm_by_reduction
+
+    norm = vae.decoder.up[0].block[0].norm1
+    x = torch.randn(2, norm.num_channels, 4, 6, 5, generator=torch.Generator().manual_seed(0)) * 3 + 1
+    for given in (x, x.half()):
+        expected = torch.nn.functional.group_norm(given.float(), norm.num_groups, norm.weight, norm.bias, norm.eps)
+        with torch.no_grad():
+            ours = group_norm_by_reduction(given, norm.num_groups, norm.weight, norm.bias, norm.eps)
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
     """The sampler's text KV, computed once and reused by every step, against recomputing it from the
     whole row at every step: latents within 1e-5, the same 8-bit image up to rounding-boundary values

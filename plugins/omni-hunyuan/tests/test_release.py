@@ -21,9 +21,9 @@ latents it decoded; and the same for an edit, ``generate_image(edit_prompt, imag
 ``data/edit_input.png`` (the input image's joint VAE + ViT block, ``cond_token_attn_type: joint_full``).
 `data/release_small_instruct_reference.safetensors`: the same code's t2i on ``make_tiny(size="small")`` with
 the ``instruct`` template and 4 steps (no distillation: CFG 5.0 with an uncond row that blanks only the
-prompt): both rows' token ids and the latents it decoded. (Its tokenizer class, under transformers 5, rebuilds a backend without tokenizer.json's
-byte-level pre-tokenizer; the ids above are from the file's own tokenizer, as transformers 4, the release's,
-loads it.)
+prompt): both rows' token ids and the latents it decoded. (That code's tokenizer class, under transformers 5,
+rebuilds a backend without tokenizer.json's byte-level pre-tokenizer; the ids above are from the file's own
+tokenizer, as transformers 4, the release's, loads it.)
 
 The release code is not in this repository (its licence); its outputs are. Running it on CPU under
 transformers 5 took local edits that do not touch its numbers: no torchvision (its ``ToTensor`` /
@@ -193,7 +193,8 @@ def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, in
         runtime.close()
     expected_ids = tensors["edit_prompt_ids"].tolist()
     ours = list(final["prompt_token_ids"])
-    assert ours == expected_ids[: len(ours)] and len(expected_ids) > len(ours) + width * height // 256
+    drawn = (height // config.vae_downsample) * (width // config.vae_downsample)  # (the image's <img> slots follow)
+    assert ours == expected_ids[: len(ours)] and len(expected_ids) > len(ours) + drawn
     released = decode_latents(load_image_decoder(small_distil, config.vae), tensors["edit_latents"], config.vae)[0].numpy().astype(int)
     assert final["image"].shape == released.shape == (height, width, 3)
     assert np.abs(final["image"].astype(int) - released).max() <= 1 and (final["image"] != released).mean() < 0.001
