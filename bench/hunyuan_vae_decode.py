@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
+from diffusion import timed
 
 WIDTHS = {"h200": [128, 256, 512, 1024, 1024], "tiny": [32, 32, 64, 64, 64]}
 SIDES = {"h200": 1024, "tiny": 64}
@@ -28,27 +28,6 @@ def channels_last(module: torch.nn.Module) -> None:
     for conv in module.modules():
         if isinstance(conv, torch.nn.Conv3d):
             conv.to(memory_format=torch.channels_last_3d)
-
-
-def timed(device: str, fn: Any, repeats: int) -> float:
-    fn()  # warm-up (and cuDNN's search, where benchmark mode is on)
-    best = float("inf")
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            best = min(best, start.elapsed_time(end))
-        else:
-            import time
-
-            began = time.perf_counter()
-            fn()
-            best = min(best, (time.perf_counter() - began) * 1000)
-    return best
 
 
 def main() -> None:
@@ -81,7 +60,7 @@ def main() -> None:
         else:
             decoder.to(memory_format=torch.contiguous_format)
         image = decode_latents(decoder, latents, section).int()
-        ms = timed(args.device, lambda: decode_latents(decoder, latents, section), args.repeats)
+        ms = timed(args.device, lambda: decode_latents(decoder, latents, section), args.repeats) * 1000
         first = image if first is None else first
         difference = (image - first).abs()
         rows.append(f"| {name} | {ms:.1f} | {int(difference.max())} | {float((difference > 0).float().mean()):.5f} |")

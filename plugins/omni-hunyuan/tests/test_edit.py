@@ -464,7 +464,7 @@ def test_images_edits_and_chat_over_http(instruct: Path, runtime: Any, run_dit: 
         assert edited.size == "64x64"
         image = np.asarray(Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))))
         assert np.abs(image.astype(int) - expected.astype(int)).max() <= 1
-        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        url = _data_url(photo)
         answer = client.chat.completions.create(
             model=str(instruct), modalities=["image"],  # type: ignore[arg-type]
             messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}]}],

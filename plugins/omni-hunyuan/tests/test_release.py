@@ -87,6 +87,11 @@ def small_distil(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def distil_reference(small_distil: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    return _load(DISTIL_REFERENCE, small_distil)
+
+
 def test_the_vae_decodes_as_the_release(reference: Any, vae: Any) -> None:
     tensors, _ = reference
     with torch.no_grad():
@@ -128,7 +133,7 @@ def test_t2i_from_prompt_to_png_equals_the_release_pipeline(
     assert np.abs(image - expected).max() <= 1 and (image != expected).mean() < 0.001
 
 
-def test_instruct_distil_t2i_equals_the_instruct_release(small_distil: Path, inline_dit: Any, run_dit: Any) -> None:
+def test_instruct_distil_t2i_equals_the_instruct_release(small_distil: Path, distil_reference: Any, inline_dit: Any, run_dit: Any) -> None:
     """The ``dit`` stage on the -Instruct-Distil schema against the -Instruct release's ``generate_image``:
     the same token ids for the image pass, the stand-alone sampler's latents within 1e-5 of the ones the
     release decoded, and the stage's PNG within one 8-bit level of those latents decoded (our decoder:
@@ -142,7 +147,7 @@ def test_instruct_distil_t2i_equals_the_instruct_release(small_distil: Path, inl
     from omni_hunyuan.vae import decode_latents, load_image_decoder
     from omni_hunyuan.weights import load_transformer
 
-    tensors, meta = _load(DISTIL_REFERENCE, small_distil)
+    tensors, meta = distil_reference
     config = HunyuanConfig.from_pretrained(small_distil)
     width, height = (int(x) for x in meta["size"].split("x"))
     seed, steps = int(meta["seed"]), int(meta["steps"])
@@ -171,7 +176,7 @@ def test_instruct_distil_t2i_equals_the_instruct_release(small_distil: Path, inl
     assert np.abs(final["image"].astype(int) - released).max() <= 1 and (final["image"] != released).mean() < 0.001
 
 
-def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, inline_dit: Any, run_dit: Any) -> None:
+def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, distil_reference: Any, inline_dit: Any, run_dit: Any) -> None:
     """An edit (it2i) through the ``dit`` stage against the -Instruct release's: the image row equals its
     token for token through ``<eoi>`` (our layout's ids: the input block's slots as ``<img>``), and the PNG
     is within one 8-bit level of its latents decoded (the input image's VAE sample and the noise from one
@@ -181,7 +186,7 @@ def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, in
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.vae import decode_latents, load_image_decoder
 
-    tensors, meta = _load(DISTIL_REFERENCE, small_distil)
+    tensors, meta = distil_reference
     config = HunyuanConfig.from_pretrained(small_distil)
     width, height = (int(x) for x in meta["size"].split("x"))
     photo = Image.open(REFERENCE.parent / meta["edit_input"]).convert("RGB")
