@@ -31,7 +31,9 @@ KV_EXPORT_ARG = "omni_hunyuan_prefix_kv"
 
 
 class HunyuanAR(ARModel):
-    """Text out from HunyuanImage-3.0 (``t2t``), greedy by default as the release generates text."""
+    """Text out from HunyuanImage-3.0 (``t2t``, and the reasoning of think/recaption-then-draw), sampled as
+    the checkpoint's generation_config says by default (`omni_hunyuan.config.text_sampling_defaults`: greedy
+    unless ``do_sample``), as the release's transformers ``generate`` samples."""
 
     architectures = types.MappingProxyType({ARCHITECTURE: "omni_hunyuan.vllm_model:HunyuanImage3ForVLLM"})
     # The ratio step of think/recaption-then-draw, on vLLM's logits-processor extension point.

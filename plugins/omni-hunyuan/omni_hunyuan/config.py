@@ -127,6 +127,22 @@ def generation_defaults(model_path: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def text_sampling_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
+    """The ``ar`` stage's default sampling parameters from generation_config (`defaults`), as the release's
+    transformers ``generate`` reads them: greedy (temperature 0) unless ``do_sample``; when sampling, its
+    ``temperature``, ``top_k`` and ``top_p`` with transformers' defaults (1.0, 50, 1.0) for those it leaves
+    out; ``repetition_penalty`` when set. A request's own parameters win."""
+    if not defaults.get("do_sample"):
+        return {"temperature": 0.0}
+    params = {"temperature": float(defaults.get("temperature", 1.0)), "top_p": float(defaults.get("top_p", 1.0))}
+    top_k = defaults.get("top_k", 50)
+    if top_k:  # (0 or null: no top-k)
+        params["top_k"] = int(top_k)
+    if defaults.get("repetition_penalty") not in (None, 1.0):
+        params["repetition_penalty"] = float(defaults["repetition_penalty"])
+    return params
+
+
 # generation_config ``use_system_prompt`` -> the module-level string in the checkpoint's system_prompt.py
 SYSTEM_PROMPT_NAMES = {
     "en_vanilla": "t2i_system_prompt_en_vanilla",

@@ -52,7 +52,9 @@ REASONING = {  # task -> the ar stage's bot_task
     "think_it2i": "think", "recaption_it2i": "recaption", "think_recaption_it2i": "think_recaption",
 }
 MAX_IMAGES = 3  # per request, as vLLM-Omni's template allows (the ar stage's vLLM limit too)
-REASONING_MAX_TOKENS = 1024  # the reasoning's default budget (a request's ar max_tokens wins)
+REASONING_TOTAL_TOKENS = 2048
+"""The ar stage's default length for think/recaption-then-draw, forced tokens and ratio included (the release's
+``generate_image`` ``max_new_tokens``); a request's ``ar`` ``max_tokens`` is the reasoning's budget instead."""
 ALIGN_PARAM = "align_image_size"
 """Input images stretched to their bucket, the image drawn resized to their aspect ratio (the release's
 ``infer_align_image_size``): a request's ``mm_processor_kwargs`` key, and the ``dit`` stage's parameter."""
@@ -85,7 +87,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
     instruct``) thinks, then draws (text and image, both final outputs in its AR -> DiT config); a base
     checkpoint, which has no reasoning template, draws (``t2i``).
     """
-    from omni_hunyuan.config import generation_defaults
+    from omni_hunyuan.config import generation_defaults, text_sampling_defaults
 
     defaults = generation_defaults(model_path)
     instruct = defaults.get("sequence_template") == "instruct"
@@ -97,7 +99,7 @@ def build_pipeline(model_path: str, hf_config: dict[str, Any]) -> PipelineConfig
         family="hunyuan-image3",
         stages=(
             StageSpec(
-                name=AR_STAGE, kind="ar", model="omni_hunyuan.ar:HunyuanAR", output="text", params={"temperature": 0.0},
+                name=AR_STAGE, kind="ar", model="omni_hunyuan.ar:HunyuanAR", output="text", params=text_sampling_defaults(defaults),
                 output_adapter="omni_hunyuan.pipeline:ReasoningOutput",
             ),
             StageSpec(
@@ -136,10 +138,9 @@ class HunyuanInputProcessor(InputProcessor):
         self.system_prompts = default_system_prompts(path) if self.template == "instruct" else {}
         # generation_config's drop_think: after think-and-recaption the image pass keeps the recaption
         # only, and a system text gives way to the checkpoint's recaption one (as the release does).
-        self.drop_think_system = (
-            (system_prompt_texts(path).get(SYSTEM_PROMPT_NAMES["en_recaption"]) or "").strip() or None
-            if defaults.get("drop_think") else None
-        )
+        # (unstripped: the release swaps it in after its one strip of the system text)
+        recaption_system = system_prompt_texts(path).get(SYSTEM_PROMPT_NAMES["en_recaption"]) if defaults.get("drop_think") else None
+        self.drop_think_system = recaption_system if recaption_system and recaption_system.strip() else None
         self.tokens = SpecialTokens.from_tokenizer(self.tokenizer, config.image_base_size)
         self.image_refusal = image_block_refusal(config.raw)
         self.ratio_ids = [self.tokens.ratios[i] for i in drawable(config.image_base_size, len(self.tokens.ratios), config.vae_downsample)]
@@ -196,13 +197,15 @@ class HunyuanInputProcessor(InputProcessor):
         }[bot_task]
         openers = [self.tokens.recaption] if bot_task == "think_recaption" else []  # forced after </think>
         # The reasoning, then the ratio step (`omni_hunyuan.ratio_tail`): it ends on a ratio token.
-        # The reasoning's budget is the request's max_tokens; the closers, openers and ratio step come on top.
-        budget = int_param(asked.get("max_tokens", REASONING_MAX_TOKENS), "max_tokens")
+        # The reasoning's budget is the request's max_tokens (the closers, openers and ratio step come on top),
+        # else what the release's 2048 new tokens leave it.
+        forced = [self.tokens.answer, self.tokens.boi, self.tokens.size]
+        steps = len(closers) + len(openers) + len(forced) + 1
+        budget = int_param(asked.get("max_tokens", REASONING_TOTAL_TOKENS - steps), "max_tokens")
         if budget < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {budget}", param="max_tokens")
-        forced = [self.tokens.answer, self.tokens.boi, self.tokens.size]
         tail = {"closers": closers, "openers": openers, "budget": budget, "forced": forced, "ratios": self.ratio_ids}
-        ar_params: dict[str, Any] = {"max_tokens": budget + len(closers) + len(openers) + len(forced) + 1}
+        ar_params: dict[str, Any] = {"max_tokens": budget + steps}
         ar_params["stop_token_ids"] = [*asked.get("stop_token_ids", ()), *self.ratio_ids]
         ar_params[RATIO_TAIL_PARAM] = tail
         if reuse and not images:
@@ -213,8 +216,9 @@ class HunyuanInputProcessor(InputProcessor):
         # blanks (under drop_think the image pass's system text: `drop_think_system`).
         from omni_hunyuan.prompt import reasoning_prompt
 
-        image_system = self.drop_think_system if system and bot_task == "think_recaption" and self.drop_think_system else system
-        built = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, image_system, images=len(images))
+        swapped = bool(system and bot_task == "think_recaption" and self.drop_think_system)
+        image_system = self.drop_think_system if swapped else system
+        built = reasoning_prompt(self.tokenizer, self.tokens, prompt, bot_task, image_system, images=len(images), raw_system=swapped)
         ar_data: dict[str, Any] = {"prompt": prompt, "bot_task": bot_task, "system": system, **({"images": images} if images else {}), **processor_kwargs}
         dit_params = {**dit, PROMPT_PARAM: {"ids": built.ids, "blank": built.blank}, **({EDIT_IMAGES_PARAM: images} if images else {})}
         return {

@@ -69,14 +69,16 @@ def t2i_text(tokenizer: Any, tokens: SpecialTokens, prompt: str) -> Text:
 
 def instruct_text(
     tokenizer: Any, tokens: SpecialTokens, prompt: str, *, system: str | None = None, images: int = 0, opener: int | None = None,
+    raw_system: bool = False,
 ) -> Text:
     """``<bos> [system "\n\n"] "User: " <img>*images prompt "\n\n" "Assistant: " [opener]``, each
     piece tokenized on its own (as the release's template does: no merge across pieces); each
     ``<img>`` stands for an input image's block (`omni_hunyuan.understanding.layout`). The uncond
-    row blanks the prompt only."""
+    row blanks the prompt only. The system text is stripped (the release strips a request's or the
+    checkpoint's), unless `raw_system`: the text the release swaps in under drop_think, unstripped as it does."""
     text = Text.of([tokens.bos])
     if system and system.strip():
-        text = text + _piece(tokenizer, system.strip()) + _piece(tokenizer, "\n\n")
+        text = text + _piece(tokenizer, system if raw_system else system.strip()) + _piece(tokenizer, "\n\n")
     text = text + _piece(tokenizer, "User: ") + Text.of([tokens.image] * images) + _piece(tokenizer, prompt, blank=True)
     text = text + _piece(tokenizer, "\n\n") + _piece(tokenizer, "Assistant: ")
     return text + Text.of([opener]) if opener is not None else text
@@ -100,10 +102,12 @@ def instruct_prompt_ids(
 
 def reasoning_prompt(
     tokenizer: Any, tokens: SpecialTokens, prompt: str, bot_task: str, system: str | None = None, images: int = 0,
+    raw_system: bool = False,
 ) -> Text:
-    """`instruct_prompt_ids` with its blank marks (the prompt's tokens); ``think_recaption`` opens with ``<think>``."""
+    """`instruct_prompt_ids` with its blank marks (the prompt's tokens); ``think_recaption`` opens with
+    ``<think>``; `raw_system` as `instruct_text` takes it."""
     opener = {"think": tokens.think, "recaption": tokens.recaption, "think_recaption": tokens.think}[bot_task]
-    return instruct_text(tokenizer, tokens, prompt, system=system, images=images, opener=opener)
+    return instruct_text(tokenizer, tokens, prompt, system=system, images=images, opener=opener, raw_system=raw_system)
 
 
 def reasoned_text(tokens: SpecialTokens, prompt: Text, generated: list[int], drop_think: bool = False) -> tuple[Text, int | None]:

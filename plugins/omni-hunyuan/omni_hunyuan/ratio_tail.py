@@ -4,7 +4,8 @@ After the reasoning's closer (``</think>`` or ``</recaption>``; think-and-recapt
 ``<recaption>`` forced, then ``</recaption>``) the release's Instruct model writes
 ``<answer><boi><img_size_B>`` and one ``<img_ratio_k>``; its sampler limits that last token to the
 ratio tokens. Here, for a request whose ``SamplingParams.extra_args`` carry `TAIL_ARG`, the tokens
-after the closer are forced in that order (the closer itself once the reasoning has used its budget) and the ratio is limited to the drawable ones (the
+after the closer are forced in that order (the closer itself once the reasoning has used its budget) and the ratio is the
+drawable one the model ranks first, even when the reasoning is sampled (the release picks it greedily; the
 request stops on a ratio token: they are its stop tokens). Other requests are untouched. Registered
 through vLLM's own extension point (``logits_processors`` engine argument), per request through
 `AdapterLogitsProcessor`. This module imports vLLM: it is loaded by vLLM, in the engine's process.
@@ -12,6 +13,7 @@ through vLLM's own extension point (``logits_processors`` engine argument), per 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +45,25 @@ def tail_allowed(tail: dict[str, Any], output_ids: list[int]) -> list[int] | Non
         section, start = section + 1, cut + 2
 
 
+def limit_logits(tail: dict[str, Any], ratios: torch.Tensor, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    """A request's next-token `logits` (``[vocab]``) limited by `tail` (`TAIL_ARG`; `ratios`: its ratio ids
+    as a tensor): during the reasoning no ratio token (a stop token: it would end the reasoning
+    unclosed); then each forced token alone; at the ratio step only the allowed ratio the logits rank
+    first (the release's ``force_greedy``: a sampled reasoning still gets the greedy ratio)."""
+    allowed = tail_allowed(tail, output_ids)
+    if allowed is None:
+        logits[ratios.to(logits.device)] = float("-inf")
+        return logits
+    keep = torch.full_like(logits, float("-inf"))
+    index = torch.tensor(allowed, device=logits.device)
+    if len(allowed) > 1:
+        index = index[logits[index].argmax()][None]
+    keep[index] = logits[index]
+    return keep
+
+
 class RatioTail(AdapterLogitsProcessor):
-    """Forces ``<answer><boi><img_size>`` after the closer, then one of the allowed ratio tokens."""
+    """Forces ``<answer><boi><img_size>`` after the closer, then the first-ranked allowed ratio token (`limit_logits`)."""
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -53,16 +72,4 @@ class RatioTail(AdapterLogitsProcessor):
         tail = (params.extra_args or {}).get(TAIL_ARG)
         if tail is None:
             return None
-        ratios = torch.tensor(tail["ratios"])
-
-        def limit(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
-            allowed = tail_allowed(tail, output_ids)
-            if allowed is None:  # reasoning: a ratio token (a stop token) would end it unclosed
-                logits[ratios.to(logits.device)] = float("-inf")
-                return logits
-            keep = torch.full_like(logits, float("-inf"))
-            index = torch.tensor(allowed, device=logits.device)
-            keep[index] = logits[index]
-            return keep
-
-        return limit
+        return functools.partial(limit_logits, tail, torch.tensor(tail["ratios"]))

@@ -15,6 +15,7 @@ the checkpoint's own system prompt.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -400,13 +401,15 @@ def test_image_requests_get_the_checkpoints_system_prompt(instruct: Path, tmp_pa
     # (the recaption text is not in the file: logged, and none used)
     assert dynamic.process(OmniRequest(prompt=PROMPT, task="recaption_t2i", params={}))["ar"].data["system"] is None
     assert processor("None").process(OmniRequest(prompt=PROMPT, task="t2i", params={}))["dit"].data["system"] is None
-    # drop_think: after think-and-recaption the image pass's system text is the checkpoint's recaption one
-    (tmp_path / "system_prompt.py").write_text('t2i_system_prompt_en_recaption = "Recaption, then draw."\nunified_system_prompt_en = "All."\n')
+    # drop_think: after think-and-recaption the image pass's system text is the checkpoint's recaption one,
+    # unstripped (the release swaps it in after its one strip: its newlines stay)
+    (tmp_path / "system_prompt.py").write_text('t2i_system_prompt_en_recaption = """\nRecaption, then draw.\n"""\nunified_system_prompt_en = "All."\n')
     config = {**config, "drop_think": True}
     dropping = processor("en_unified")
     both = dropping.process(OmniRequest(prompt=PROMPT, task="think_recaption_t2i", params={}))
     assert both["ar"].data["system"] == "All."
-    recaption = dropping.tokenizer.encode("Recaption, then draw.", add_special_tokens=False)
+    encode = functools.partial(dropping.tokenizer.encode, add_special_tokens=False)
+    recaption = encode("\nRecaption, then draw.\n") + encode("\n\n")
     assert both["dit"].params["reasoning_prompt"]["ids"][1 : 1 + len(recaption)] == recaption
     think = dropping.process(OmniRequest(prompt=PROMPT, task="think_t2i", params={}))  # (think alone: the system text stays)
     unified = dropping.tokenizer.encode("All.", add_special_tokens=False)

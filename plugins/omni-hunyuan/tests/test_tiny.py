@@ -115,6 +115,23 @@ def test_an_instruct_checkpoint_thinks_then_draws_by_default(tmp_path) -> None:
         assert drawing_after_text(build_pipeline(str(tmp_path), {})) == task
 
 
+def test_the_ar_stage_samples_as_the_checkpoints_generation_config_says(tmp_path) -> None:
+    """The ar stage's default sampling parameters: greedy without ``do_sample`` (the tiny checkpoint's),
+    else generation_config's values, transformers' defaults for those it leaves out (top-k 50)."""
+    import json
+
+    from omni_hunyuan.pipeline import build_pipeline
+
+    def ar_params(config: dict) -> dict:
+        (tmp_path / "generation_config.json").write_text(json.dumps(config))
+        return dict(next(s for s in build_pipeline(str(tmp_path), {}).stages if s.name == "ar").params)
+
+    assert ar_params({}) == ar_params({"do_sample": False, "temperature": 0.6}) == {"temperature": 0.0}
+    sampled = {"do_sample": True, "temperature": 0.6, "top_k": 1024, "top_p": 0.95, "repetition_penalty": 1.0}
+    assert ar_params(sampled) == {"temperature": 0.6, "top_k": 1024, "top_p": 0.95}
+    assert ar_params({"do_sample": True, "repetition_penalty": 1.1}) == {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.1}
+
+
 def test_the_ratio_step_forces_each_section_then_the_ratio() -> None:
     """think-and-recaption: ``</think>`` (generated, or forced at the budget), ``<recaption>`` forced,
     ``</recaption>``, then ``<answer><boi><img_size>`` and a ratio token; a reasoning is free until then."""
@@ -133,6 +150,27 @@ def test_the_ratio_step_forces_each_section_then_the_ratio() -> None:
     assert tail_allowed(tail, [20, END_RECAPTION]) is None
     single = {"closers": [END_THINK], "budget": 4, "forced": [ANSWER, BOI, SIZE], "ratios": [10]}
     assert tail_allowed(single, [20, END_THINK]) == [ANSWER] and tail_allowed(single, [20, 21, 22, 23]) == [END_THINK]
+
+
+def test_the_ratio_step_takes_the_first_ranked_ratio_even_when_sampling() -> None:
+    """`limit_logits` (the vLLM logits processor's per-request function): no ratio token while reasoning,
+    a forced token alone, and at the ratio step one finite logit, the allowed ratio ranked first (the
+    release's force_greedy), so a temperature cannot pick another."""
+    import torch
+
+    from omni_hunyuan.ratio_tail import limit_logits
+
+    END_THINK, ANSWER, BOI, SIZE = 2, 5, 6, 7
+    tail = {"closers": [END_THINK], "budget": 8, "forced": [ANSWER, BOI, SIZE], "ratios": [10, 11, 12]}
+    ratios = torch.tensor(tail["ratios"])
+    logits = torch.arange(16, dtype=torch.float32)  # token 15 ranks first overall, 12 among the ratios
+    reasoning = limit_logits(tail, ratios, [20], logits.clone())
+    assert torch.isinf(reasoning[[10, 11, 12]]).all() and torch.equal(reasoning[:10], logits[:10])
+    forced = limit_logits(tail, ratios, [20, END_THINK], logits.clone())
+    assert torch.isfinite(forced).nonzero().flatten().tolist() == [ANSWER]
+    logits[11] = 100.0
+    ratio = limit_logits(tail, ratios, [20, END_THINK, ANSWER, BOI, SIZE], logits.clone())
+    assert torch.isfinite(ratio).nonzero().flatten().tolist() == [11] and ratio[11] == 100.0
 
 
 def test_drop_think_keeps_the_recaption_only() -> None:
