@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from diffusion import PeakMemory, Run, matmul_ceiling, psnr, synchronize
+from diffusion import PeakMemory, Run, matmul_ceiling, psnr, synchronize, timed
 
 PROMPTS = [
     "a red apple on a wooden table", "a cat sleeps on a sofa", "waves crash on the rocks at sunset",
@@ -190,7 +190,7 @@ class Reference:
         from omni_hunyuan.reference import NemoPrompts, ReleaseVAECall
         from omni_hunyuan.resolution import ratio_sizes
         from omni_hunyuan.tokens import SpecialTokens
-        from omni_hunyuan.vae import load_vae
+        from omni_hunyuan.vae import load_vae, use_library_norms
         from omni_hunyuan.weights import read_tensors
         from transformers import AutoTokenizer
 
@@ -216,7 +216,7 @@ class Reference:
             for name, param in transformer.named_parameters():
                 param.data = param.data.to(torch.float32 if ".mlp.gate." in name else getattr(torch, dtype))
         self.transformer = transformer.eval()
-        self.vae = ReleaseVAECall(load_vae(model, config.vae, device=device))
+        self.vae = ReleaseVAECall(use_library_norms(load_vae(model, config.vae, device=device)))  # (the release's own ops)
         base = config.image_base_size
         square = ratio_sizes(base, len(tokens.ratios)).index((base, base))
         prompts = NemoPrompts(tokenizer, tokens, square, base // config.vae_downsample)
@@ -311,6 +311,36 @@ class Omni:
         synchronize(self.device)
         return Run(self.system, concurrency, requests, time.perf_counter() - start, latencies, memory.peak_mib(), images=images)
 
+    def breakdown(self, concurrency: int, size: int, steps: int) -> str:
+        """A markdown table of one batch of `concurrency` requests served with the GPU drained after every
+        runtime step (the first admits the requests and encodes their text prefixes, then steps; the last
+        steps, then decodes), beside the decode of as many images alone: where the wall time goes."""
+        import torch
+        from omni_hunyuan.vae import decode_latents
+
+        for i in range(concurrency):
+            self.runtime.add_request(str(i), self.request(i, size, steps))
+        times = []
+        start = time.perf_counter()
+        while self.runtime.has_unfinished():
+            began = time.perf_counter()
+            self.runtime.step()
+            synchronize(self.device)
+            times.append(time.perf_counter() - began)
+        total = time.perf_counter() - start
+        model = self.runtime.model
+        side = size // model.config.vae_downsample
+        latents = torch.randn(concurrency, model.config.latent_channels, side, side, device=self.device)
+        decode = timed(self.device, lambda: decode_latents(model.decoder, latents, model.config.vae), 1)
+        middle = np.array(times[1:-1]) * 1000
+        return "\n".join([
+            f"One batch of {concurrency} requests, {steps} steps, the GPU drained after each runtime step ({self.system}):",
+            "", "| wall (s) | runtime steps | first step (ms) | other steps, median (min-max) (ms) | last step (ms) | "
+            f"decode of {concurrency} images alone (ms) |", "|---:|---:|---:|---:|---:|---:|",
+            f"| {total:.2f} | {len(times)} | {times[0] * 1000:.0f} | {np.median(middle):.1f} ({middle.min():.1f}-{middle.max():.1f}) | "
+            f"{times[-1] * 1000:.0f} | {decode * 1000:.0f} |", "",
+        ])
+
     def expert_gemms(self, how: str) -> str:
         """The dit stage's denoising forwards run their grouped experts `how` (`LayerKernels.expert_gemms`);
         returns how, in words (none where the experts are not grouped: CPU, fp32)."""
@@ -340,7 +370,7 @@ class Omni:
 
 
 def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceiling: float, weights_gib: float,
-           psnrs: dict[str, list[float]]) -> str:
+           psnrs: dict[str, list[float]], notes: list[str]) -> str:
     """The markdown table (median of the repeats, spread as min-max) and the reading. The reference
     is the faster of its configurations (eager; compiled with ``--compile``)."""
     base = max(float(np.median([r.images_per_s for r in config])) for config in runs if config[0].system.startswith("nemo"))
@@ -370,7 +400,7 @@ def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceilin
     if args.quantization:
         lines += ["", f"Rows with {args.quantization}: MFU and HFU credit the same FLOPs against the same {args.dtype} "
                   f"ceiling (quantized GEMMs can run above it); the PSNR says what the precision change costs."]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *([""] if notes else []), *notes]) + "\n"
 
 
 def main() -> None:
@@ -390,6 +420,8 @@ def main() -> None:
     parser.add_argument("--skip-eager-reference", action="store_true",
                         help="with --compile: time the reference compiled only (PSNR then against its images)")
     parser.add_argument("--skip-c1", action="store_true", help="time Omni at concurrency N only")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="then one more batch at concurrency N, the GPU drained after every step (`Omni.breakdown`)")
     parser.add_argument("--expert-gemms", default="per_expert",
                         help="comma-separated `LayerKernels.expert_gemms` values: Omni is timed with each, on the same "
                              "loaded stage (at concurrency 1 with the first only)")
@@ -429,10 +461,11 @@ def main() -> None:
 
     runs: list[list[Run]] = []
     psnrs: dict[str, list[float]] = {}
+    notes: list[str] = []
 
     def record(config: list[Run]) -> None:
         runs.append(config)
-        text = report(args, runs, flops, ceiling, weights_gib, psnrs)
+        text = report(args, runs, flops, ceiling, weights_gib, psnrs, notes)
         out.write_text(text)
         out.with_suffix(".json").write_text(json.dumps(
             [{"system": c[0].system, "concurrency": c[0].concurrency, "images_per_s": [r.images_per_s for r in c],
@@ -476,6 +509,8 @@ def main() -> None:
             print(f"{omni.system} c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)
             config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
             psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+            if args.breakdown and concurrency == args.requests and not number:
+                notes.append(omni.breakdown(concurrency, args.size, args.steps))
             record(config)
     omni.close()
     if args.quantization:

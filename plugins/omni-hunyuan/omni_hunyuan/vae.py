@@ -36,23 +36,37 @@ class GroupNorm(nn.GroupNorm):
     (``RowwiseMomentsCUDAKernel``) took 163 of the 462 ms of a 1024x1024 decode on an H100
     (bench/hunyuan_vae_decode.py --profile, `bench/results/hunyuan-vae-decode-h100.md`): one thread block
     per (sample, group) row, 32 blocks over rows of up to ~16M values. In fp32, as autocast runs group
-    norm (`group_norm_by_reduction`, equal to ``F.group_norm`` within fp32 rounding: tests/test_pieces.py);
-    this path's own time on a GPU is not measured yet. Elsewhere the library's kernel."""
+    norm (`group_norm_by_reduction`, equal to ``F.group_norm`` within fp32 rounding: tests/test_pieces.py).
+    Elsewhere, or with `by_reduction` off (`use_library_norms`), the library's kernel."""
+
+    by_reduction = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cuda:
+        if not (self.by_reduction and x.is_cuda):
             return super().forward(x)
         return group_norm_by_reduction(x, self.num_groups, self.weight, self.bias, self.eps)
 
 
 def group_norm_by_reduction(x: torch.Tensor, groups: int, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """``F.group_norm`` in fp32 from ``torch.var_mean`` over each (sample, group) row (`GroupNorm`'s CUDA path)."""
+    """``F.group_norm`` in fp32 from ``torch.var_mean`` over each (sample, group) row (`GroupNorm`'s CUDA
+    path): the statistics and the affine folded into one scale and shift per (sample, channel), then one
+    ``shift + x * scale`` pass (as the library's kernel applies them)."""
     batch, channels = x.shape[:2]
-    rows = x.float().reshape(batch, groups, -1)
-    var, mean = torch.var_mean(rows, dim=-1, correction=0, keepdim=True)
-    normed = ((rows - mean) * torch.rsqrt(var + eps)).reshape(x.shape)
-    shape = (1, channels) + (1,) * (x.dim() - 2)
-    return normed * weight.float().reshape(shape) + bias.float().reshape(shape)
+    values = x.float()
+    var, mean = torch.var_mean(values.reshape(batch, groups, -1), dim=-1, correction=0)
+    scale = weight.float().reshape(groups, -1) * torch.rsqrt(var + eps)[..., None]  # [B, G, C/G]
+    shift = bias.float().reshape(groups, -1) - mean[..., None] * scale
+    shape = (batch, channels) + (1,) * (x.dim() - 2)
+    return torch.addcmul(shift.reshape(shape), values, scale.reshape(shape))
+
+
+def use_library_norms(module: nn.Module) -> nn.Module:
+    """`module`'s `GroupNorm`s on the library's kernel everywhere (as the release runs them: a reference's
+    VAE, `omni_hunyuan.reference.ReleaseVAECall`); returns `module`."""
+    for norm in module.modules():
+        if isinstance(norm, GroupNorm):
+            norm.by_reduction = False
+    return module
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -264,7 +278,7 @@ class Decoder(nn.Module):
     def decode_image(self, latents: torch.Tensor) -> torch.Tensor:
         """Unscaled latents ``[B, latent, h, w]`` -> pixels ``[B, 3, H, W]`` in about [-1, 1]: the one-frame
         latent decodes to ``ffactor_temporal`` frames, and the image is the last (the release's rule)."""
-        return self.forward(latents[:, :, None])[:, :, -1]
+        return self(latents[:, :, None])[:, :, -1]  # (through __call__: a compiled decoder's `compile()` applies)
 
 
 class VAESettings:
