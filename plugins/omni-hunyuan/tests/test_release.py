@@ -24,6 +24,14 @@ the ``instruct`` template and 4 steps (no distillation: CFG 5.0 with an uncond r
 prompt): both rows' token ids and the latents it decoded. (That code's tokenizer class, under transformers 5,
 rebuilds a backend without tokenizer.json's byte-level pre-tokenizer; the ids above are from the file's own
 tokenizer, as transformers 4, the release's, loads it.)
+`data/release_small_think_reference.safetensors`: the same code's think/recaption-then-draw on that checkpoint,
+``generate_image(prompt, image_size="auto", bot_task=...)`` for ``think``, ``recaption`` and ``think_recaption``
+with ``use_system_prompt "None"`` (none of the release's system prompt texts is stored), and ``think_recaption``
+with a system message of our own (its ``custom`` kind), its ``generate`` replaced by a scripted greedy "model"
+that writes the reasoning in the metadata and ranks ``<|endoftext|>`` first wherever the release's logits
+processors must force a token: per case (``<case>/...``) the ar prompt ids, the generated ids (reasoning, forced
+transitions, ratio token), the steps at which the release forced one token (its stage transitions; the
+ratio step apart), the image pass's cond and uncond rows through ``<eoi>`` and the ratio's (height, width).
 
 The release code is not in this repository (its licence); its outputs are. Running it on CPU under
 transformers 5 took local edits that do not touch its numbers: no torchvision (its ``ToTensor`` /
@@ -47,6 +55,7 @@ import torch
 REFERENCE = Path(__file__).parent / "data" / "release_tiny_reference.safetensors"
 DISTIL_REFERENCE = Path(__file__).parent / "data" / "release_small_distil_reference.safetensors"
 INSTRUCT_REFERENCE = Path(__file__).parent / "data" / "release_small_instruct_reference.safetensors"
+THINK_REFERENCE = Path(__file__).parent / "data" / "release_small_think_reference.safetensors"
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -205,27 +214,40 @@ def test_instruct_distil_edit_equals_the_instruct_release(small_distil: Path, di
     assert np.abs(final["image"].astype(int) - released).max() <= 1 and (final["image"] != released).mean() < 0.001
 
 
-def test_instruct_cfg_t2i_equals_the_instruct_release(tmp_path: Path, inline_dit: Any, run_dit: Any) -> None:
+THINK_CASES = ("think", "recaption", "think_recaption", "think_recaption_system")
+
+
+@pytest.fixture(scope="module")
+def small_instruct(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``make_tiny(size="small")`` with the ``instruct`` template and 4 steps (the checkpoint of
+    `INSTRUCT_REFERENCE` and `THINK_REFERENCE`)."""
+    import json
+
+    from omni_hunyuan.tiny import make_tiny
+
+    directory = tmp_path_factory.mktemp("hunyuan-small-instruct")
+    make_tiny(directory, size="small")
+    generation = json.loads((directory / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**generation, "sequence_template": "instruct", "diff_infer_steps": 4}))
+    return directory
+
+
+def test_instruct_cfg_t2i_equals_the_instruct_release(small_instruct: Path, inline_dit: Any, run_dit: Any) -> None:
     """The ``instruct`` template with CFG (an Instruct checkpoint that is not distilled): both rows as the
     release builds them (the uncond row blanks the prompt only), and the ``dit`` stage's PNG within one
     8-bit level of the release's latents decoded."""
-    import json
 
     from transformers import AutoTokenizer
 
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.prompt import image_rows, instruct_text
     from omni_hunyuan.resolution import ratio_sizes
-    from omni_hunyuan.tiny import make_tiny
     from omni_hunyuan.tokens import SpecialTokens
     from omni_hunyuan.vae import decode_latents, load_image_decoder
 
-    make_tiny(tmp_path, size="small")
-    generation = json.loads((tmp_path / "generation_config.json").read_text())
-    (tmp_path / "generation_config.json").write_text(json.dumps({**generation, "sequence_template": "instruct", "diff_infer_steps": 4}))
-    tensors, meta = _load(INSTRUCT_REFERENCE, tmp_path)
-    config = HunyuanConfig.from_pretrained(tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tensors, meta = _load(INSTRUCT_REFERENCE, small_instruct)
+    config = HunyuanConfig.from_pretrained(small_instruct)
+    tokenizer = AutoTokenizer.from_pretrained(small_instruct)
     tokens = SpecialTokens.from_tokenizer(tokenizer, config.image_base_size)
     width, height = (int(x) for x in meta["size"].split("x"))
     h, w = height // config.vae_downsample, width // config.vae_downsample
@@ -236,12 +258,84 @@ def test_instruct_cfg_t2i_equals_the_instruct_release(tmp_path: Path, inline_dit
     for ours, theirs in zip(rows.rows.tolist(), released, strict=True):  # (after <eoi>: what no image token sees)
         assert ours == theirs[: len(ours)] and ours[-1] == tokens.eoi
 
-    runtime = inline_dit(tmp_path)
+    runtime = inline_dit(small_instruct)
     try:
         params = {"seed": int(meta["seed"]), "num_inference_steps": int(meta["steps"]), "size": (width, height)}
         image = run_dit(runtime, {"a": ({"prompt": meta["prompt"]}, params)})["a"]["image"]
     finally:
         runtime.close()
-    expected = decode_latents(load_image_decoder(tmp_path, config.vae), tensors["cfg_latents"], config.vae)[0].numpy().astype(int)
+    expected = decode_latents(load_image_decoder(small_instruct, config.vae), tensors["cfg_latents"], config.vae)[0].numpy().astype(int)
     assert image.shape == expected.shape == (height, width, 3)
     assert np.abs(image.astype(int) - expected).max() <= 1 and (image != expected).mean() < 0.001
+
+
+@pytest.fixture(scope="module")
+def think_reference(small_instruct: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    return _load(THINK_REFERENCE, small_instruct)
+
+
+@pytest.mark.parametrize("case", THINK_CASES)
+def test_think_recaption_then_draw_equals_the_instruct_release(small_instruct: Path, think_reference: Any, case: str) -> None:
+    """Think/recaption-then-draw as the release's ``generate_image(bot_task=...)`` builds it, from the
+    request to the image pass's rows, without the network (the reasoning is the stored one): the input
+    processor's ``ar`` prompt (as ``HunyuanAR.make_prompt`` builds it from the stage's data) and the
+    prompt it hands the ``dit`` stage are the release's ids; our ratio tail (`ratio_tail.tail_allowed`, what
+    the vLLM logits processor applies), fed the release's generated tokens one at a time, forces exactly
+    where the release's stage transitions did, each time the token the release forced, leaves the
+    reasoning free everywhere else, and takes the release's ratio among those it allows at the end; and
+    the ``dit`` stage's rows from those ids (``HunyuanDiT._text`` for a request that carries
+    ``prompt_token_ids`` / ``token_ids`` and `PROMPT_PARAM`: `reasoned_text`, then `image_rows`) are the
+    release's cond and uncond rows token for token through ``<eoi>``, at the release's image size."""
+    import json
+
+    from omni_core.config import resolve
+    from omni_core.engine.request import OmniRequest
+    from omni_core.parts import PartContext
+    from omni_hunyuan.config import HunyuanConfig, generation_defaults
+    from omni_hunyuan.pipeline import PROMPT_PARAM, REASONING, HunyuanInputProcessor
+    from omni_hunyuan.prompt import Text, image_rows, instruct_prompt_ids, reasoned_text
+    from omni_hunyuan.ratio_tail import tail_allowed
+    from omni_hunyuan.resolution import RATIO_TAIL_PARAM, ratio_sizes
+
+    tensors, meta = think_reference
+    cases = json.loads(meta["cases"])
+    assert sorted(cases) == sorted(THINK_CASES)  # (a regenerated file's new case gets a test here)
+    bot_task, system = cases[case]["bot_task"], cases[case]["system"]
+    released = {key.split("/", 1)[1]: value.tolist() for key, value in tensors.items() if key.startswith(f"{case}/")}
+
+    processor = HunyuanInputProcessor(PartContext(resolve(str(small_instruct))))
+    processor.load()
+    tokens = processor.tokens
+    task = next(name for name, task in REASONING.items() if task == bot_task and name.endswith("_t2i"))
+    if system is None:
+        request = OmniRequest(prompt=meta["prompt"], task=task, params={})
+    else:  # (the release's ``use_system_prompt="custom"``)
+        request = OmniRequest(messages=[{"role": "system", "content": system}, {"role": "user", "content": meta["prompt"]}], task=task, params={})
+    stages = processor.process(request)
+    ar, dit = stages["ar"], stages["dit"]
+    assert ar.data["bot_task"] == bot_task
+    prompt_ids = instruct_prompt_ids(processor.tokenizer, tokens, ar.data["prompt"], ar.data["bot_task"], ar.data.get("system"))
+    assert prompt_ids == released["ar_prompt"]
+    built = dit.params[PROMPT_PARAM]
+    assert built["ids"] == released["ar_prompt"]  # (no drop_think: the image pass's text opens with the same prompt)
+
+    generated, forced = released["generated"], set(released["forced"])
+    tail = ar.params[RATIO_TAIL_PARAM]
+    for step, token in enumerate(generated[:-1]):
+        allowed = tail_allowed(tail, generated[:step])
+        assert allowed == ([token] if step in forced else None), (step, processor.tokenizer.decode(generated[: step + 1]))
+    allowed = tail_allowed(tail, generated[:-1])  # the ratio step: the drawable ratios, the release's among them
+    assert allowed is not None and len(allowed) > 1 and set(allowed) <= set(tokens.ratios) and generated[-1] in allowed
+    assert generated[-1] in ar.params["stop_token_ids"]
+
+    config = HunyuanConfig.from_pretrained(small_instruct)
+    prompt = Text(list(built["ids"]), [bool(b) for b in built["blank"]])
+    text, ratio = reasoned_text(tokens, prompt, generated, drop_think=bool(generation_defaults(small_instruct).get("drop_think")))
+    assert ratio is not None
+    width, height = ratio_sizes(config.image_base_size, len(tokens.ratios))[ratio]
+    assert [height, width] == released["size"]
+    h, w = height // config.vae_downsample, width // config.vae_downsample
+    assert not config.cfg_distilled  # (CFG 5.0: a cond and an uncond row, as the dit stage's `_cfg` picks)
+    rows = image_rows(tokens, text.ids, ratio, h, w, cfg=True, blank=text.blank, step_ids=tokens.step_tokens(config)).rows.tolist()
+    assert rows[0] == released["cond"]
+    assert rows[1] == released["uncond"]
