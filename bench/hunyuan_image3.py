@@ -14,7 +14,9 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
 
 1. the reference: nemo-automodel's Apache-2.0 ``HunyuanImage3Pipeline`` (one prompt per call, the
    whole sequence through the model at every step, CFG in the batch), with its fastest backends here
-   (SDPA attention, ``torch._grouped_mm`` experts), serving the requests one after the other;
+   (SDPA attention, ``torch._grouped_mm`` experts), serving the requests one after the other; it decodes
+   with the release's VAE ops (`ReleaseVAECall` over our VAE on the library's GroupNorm kernel), and with
+   ``--compile`` its blocks and VAE decoder are compiled as Omni's are;
 2. Omni's ``dit`` stage (the family's pipeline, its diffusion stage runtime) at concurrency 1 and N
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
    the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8);
@@ -226,9 +228,11 @@ class Reference:
         self.system = "nemo-automodel pipeline"
 
     def compile(self) -> None:
-        """Each decoder block under `torch.compile` (its best setting when Omni's layers are compiled)."""
+        """Each decoder block under `torch.compile`, and the VAE decoder whole (its best settings when
+        Omni's layers and VAE decoder are compiled: the dit stage's ``compile: true``)."""
         for block in self.transformer.model.layers.values():
             block.compile()
+        self.vae.vae.decoder.compile(dynamic=None)
         self.system = "nemo-automodel pipeline, compiled"
 
     def run(self, requests: int, size: int, steps: int, memory: PeakMemory) -> Run:
@@ -333,11 +337,12 @@ class Omni:
         latents = torch.randn(concurrency, model.config.latent_channels, side, side, device=self.device)
         decode = timed(self.device, lambda: decode_latents(model.decoder, latents, model.config.vae), 1)
         middle = np.array(times[1:-1]) * 1000
+        steady = f"{np.median(middle):.1f} ({middle.min():.1f}-{middle.max():.1f})" if middle.size else "-"
         return "\n".join([
             f"One batch of {concurrency} requests, {steps} steps, the GPU drained after each runtime step ({self.system}):",
             "", "| wall (s) | runtime steps | first step (ms) | other steps, median (min-max) (ms) | last step (ms) | "
             f"decode of {concurrency} images alone (ms) |", "|---:|---:|---:|---:|---:|---:|",
-            f"| {total:.2f} | {len(times)} | {times[0] * 1000:.0f} | {np.median(middle):.1f} ({middle.min():.1f}-{middle.max():.1f}) | "
+            f"| {total:.2f} | {len(times)} | {times[0] * 1000:.0f} | {steady} | "
             f"{times[-1] * 1000:.0f} | {decode * 1000:.0f} |", "",
         ])
 

@@ -36,8 +36,9 @@ class GroupNorm(nn.GroupNorm):
     (``RowwiseMomentsCUDAKernel``) took 163 of the 462 ms of a 1024x1024 decode on an H100
     (bench/hunyuan_vae_decode.py --profile, `bench/results/hunyuan-vae-decode-h100.md`): one thread block
     per (sample, group) row, 32 blocks over rows of up to ~16M values. In fp32, as autocast runs group
-    norm (`group_norm_by_reduction`, equal to ``F.group_norm`` within fp32 rounding: tests/test_pieces.py).
-    Elsewhere, or with `by_reduction` off (`use_library_norms`), the library's kernel."""
+    norm (`group_norm_by_reduction`, equal to ``F.group_norm`` within fp32 rounding: tests/test_pieces.py):
+    the decode then takes 312 ms (`bench/results/hunyuan-vae-decode-h100-norms.md`; compiled, either
+    way, 231). Elsewhere, or with `by_reduction` off (`use_library_norms`), the library's kernel."""
 
     by_reduction = True
 
