@@ -378,7 +378,7 @@ def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceilin
            psnrs: dict[str, list[float]], notes: list[str]) -> str:
     """The markdown table (median of the repeats, spread as min-max) and the reading. The reference
     is the faster of its configurations (eager; compiled with ``--compile``)."""
-    base = max(float(np.median([r.images_per_s for r in config])) for config in runs if config[0].system.startswith("nemo"))
+    base = max((float(np.median([r.images_per_s for r in config])) for config in runs if config[0].system.startswith("nemo")), default=None)
     lines = [
         f"## HunyuanImage-3.0 t2i, {args.preset}: {args.layers} layers"
         f"{' at the released widths' if args.preset == 'h200' else ''}, {args.size}x{args.size}, "
@@ -398,7 +398,7 @@ def report(args: argparse.Namespace, runs: list[list[Run]], flops: Flops, ceilin
         quality = f"{min(psnrs[key]):.1f}" if psnrs.get(key) else "-"
         lines.append(
             f"| {config[0].system} | {config[0].concurrency} | {rate:.4f} ({min(rates):.4f}-{max(rates):.4f}) | "
-            f"{rate / base:.2f}x | {np.median([np.median(r.latencies_s) for r in config]):.2f} | "
+            f"{f'{rate / base:.2f}x' if base else '-'} | {np.median([np.median(r.latencies_s) for r in config]):.2f} | "
             f"{rate * flops.model() / ceiling:.1%} | {rate * executed / ceiling:.1%} | "
             f"{max(r.peak_mib for r in config) / 1024:.1f} | {quality} |"
         )
@@ -425,6 +425,8 @@ def main() -> None:
     parser.add_argument("--skip-eager-reference", action="store_true",
                         help="with --compile: time the reference compiled only (PSNR then against its images)")
     parser.add_argument("--skip-c1", action="store_true", help="time Omni at concurrency N only")
+    parser.add_argument("--skip-reference", action="store_true",
+                        help="time Omni only (no ratio, no PSNR: for a breakdown when device time is short)")
     parser.add_argument("--breakdown", action="store_true",
                         help="then one more batch at concurrency N, the GPU drained after every step (`Omni.breakdown`)")
     parser.add_argument("--expert-gemms", default="per_expert",
@@ -477,29 +479,30 @@ def main() -> None:
               "latencies_s": [r.latencies_s for r in c], "peak_mib": [r.peak_mib for r in c]} for c in runs], indent=1))
         print(text, flush=True)
 
-    reference = Reference(model, args.device, args.dtype)
-    print(f"reference loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
-    reference.run(1, args.size, 2, memory)  # warm-up: kernels, allocator
     expected = None  # the eager reference's images (the compiled one's with --skip-eager-reference)
-    if not args.skip_eager_reference:
-        ref_runs = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-        expected = ref_runs[0].images
-        record(ref_runs)
-    if args.compile:
-        stamp = time.perf_counter()
-        reference.compile()
-        reference.run(args.requests, args.size, 2, memory)  # compiles (each prompt length: its sequence length)
-        print(f"reference compiled in {time.perf_counter() - stamp:.0f} s", flush=True)
-        config = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-        if expected is None:
-            expected = config[0].images
-        else:
-            psnrs[f"{reference.system} c1"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
-        record(config)
-    reference.close()
-    del reference
-    gc.collect()
-    torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+    if not args.skip_reference:  # (else no reference: no ratio, no PSNR)
+        reference = Reference(model, args.device, args.dtype)
+        print(f"reference loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
+        reference.run(1, args.size, 2, memory)  # warm-up: kernels, allocator
+        if not args.skip_eager_reference:
+            ref_runs = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+            expected = ref_runs[0].images
+            record(ref_runs)
+        if args.compile:
+            stamp = time.perf_counter()
+            reference.compile()
+            reference.run(args.requests, args.size, 2, memory)  # compiles (each prompt length: its sequence length)
+            print(f"reference compiled in {time.perf_counter() - stamp:.0f} s", flush=True)
+            config = [reference.run(args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
+            if expected is None:
+                expected = config[0].images
+            else:
+                psnrs[f"{reference.system} c1"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+            record(config)
+        reference.close()
+        del reference
+        gc.collect()
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
 
     stamp = time.perf_counter()
     omni = Omni(model, args.device, args.dtype, args.requests, args.compile)
@@ -513,7 +516,7 @@ def main() -> None:
             omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)
             print(f"{omni.system} c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)
             config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-            psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+            psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected or [])]
             if args.breakdown and concurrency == args.requests and not number:
                 notes.append(omni.breakdown(concurrency, args.size, args.steps))
             record(config)
@@ -528,7 +531,7 @@ def main() -> None:
         omni.run(args.requests, args.requests, args.size, 2, memory)
         print(f"omni {args.quantization} loaded and warm in {time.perf_counter() - stamp:.0f} s", flush=True)
         config = [omni.run(args.requests, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
-        psnrs[f"{omni.system} c{args.requests}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected)]
+        psnrs[f"{omni.system} c{args.requests}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected or [])]
         record(config)
         omni.close()
 
