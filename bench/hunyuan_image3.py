@@ -470,8 +470,10 @@ def main() -> None:
     psnrs: dict[str, list[float]] = {}
     notes: list[str] = []
 
-    def record(config: list[Run]) -> None:
-        runs.append(config)
+    def record(config: list[Run] | None) -> None:
+        """Adds `config` (if any) and writes the tables so far (and the notes)."""
+        if config is not None:
+            runs.append(config)
         text = report(args, runs, flops, ceiling, weights_gib, psnrs, notes)
         out.write_text(text)
         out.with_suffix(".json").write_text(json.dumps(
@@ -517,9 +519,10 @@ def main() -> None:
             print(f"{omni.system} c{concurrency} warm in {time.perf_counter() - stamp:.0f} s", flush=True)
             config = [omni.run(concurrency, args.requests, args.size, args.steps, memory) for _ in range(args.repeats)]
             psnrs[f"{omni.system} c{concurrency}"] = [psnr(a, b) for run in config for a, b in zip(run.images, expected or [])]
+            record(config)
             if args.breakdown and concurrency == args.requests and not number:
                 notes.append(omni.breakdown(concurrency, args.size, args.steps))
-            record(config)
+                record(None)
     omni.close()
     if args.quantization:
         # The dit stage's `quantization` option, at concurrency N only (a precision change: PSNR says how much).
