@@ -26,7 +26,9 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
    concurrency N only).
 
 When device time is short, ``--skip-eager-reference`` (with ``--compile``) times the reference compiled
-only (the PSNR is then against its images) and ``--skip-c1`` times Omni at concurrency N only.
+only (the PSNR is then against its images), ``--skip-c1`` times Omni at concurrency N only, and
+``--skip-reference`` Omni alone (no ratio, no PSNR). ``--breakdown`` then serves one more batch at
+concurrency N with the GPU drained after each runtime step (`Omni.breakdown`: where a batch's time goes).
 
 Every request: t2i, ``--size`` square, ``--steps`` steps, CFG 5.0. Omni's images are compared with the
 reference's (PSNR): the same weights, noise and schedule, so they differ only by bf16 rounding.
