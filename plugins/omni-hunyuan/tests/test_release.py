@@ -274,8 +274,17 @@ def think_reference(small_instruct: Path) -> tuple[dict[str, torch.Tensor], dict
     return _load(THINK_REFERENCE, small_instruct)
 
 
+@pytest.fixture(scope="module")
+def instruct_dit(small_instruct: Path, inline_dit: Any) -> Any:
+    runtime = inline_dit(small_instruct)
+    yield runtime
+    runtime.close()
+
+
 @pytest.mark.parametrize("case", THINK_CASES)
-def test_think_recaption_then_draw_equals_the_instruct_release(small_instruct: Path, think_reference: Any, case: str) -> None:
+def test_think_recaption_then_draw_equals_the_instruct_release(
+    small_instruct: Path, think_reference: Any, instruct_dit: Any, case: str,
+) -> None:
     """Think/recaption-then-draw as the release's ``generate_image(bot_task=...)`` builds it, from the
     request to the image pass's rows, without the network (the reasoning is the stored one): the input
     processor's ``ar`` prompt (as ``HunyuanAR.make_prompt`` builds it from the stage's data) and the
@@ -283,19 +292,18 @@ def test_think_recaption_then_draw_equals_the_instruct_release(small_instruct: P
     the vLLM logits processor applies), fed the release's generated tokens one at a time, forces exactly
     where the release's stage transitions did, each time the token the release forced, leaves the
     reasoning free everywhere else, and takes the release's ratio among those it allows at the end; and
-    the ``dit`` stage's rows from those ids (``HunyuanDiT._text`` for a request that carries
-    ``prompt_token_ids`` / ``token_ids`` and `PROMPT_PARAM`: `reasoned_text`, then `image_rows`) are the
-    release's cond and uncond rows token for token through ``<eoi>``, at the release's image size."""
+    the ``dit`` stage's own preparation of that request (``HunyuanDiT.prepare`` on the ids the ar stage hands
+    it and `PROMPT_PARAM`) gives the release's image size and its cond and uncond rows token for token
+    through ``<eoi>``."""
     import json
 
     from omni_core.config import resolve
     from omni_core.engine.request import OmniRequest
     from omni_core.parts import PartContext
-    from omni_hunyuan.config import HunyuanConfig, generation_defaults
     from omni_hunyuan.pipeline import PROMPT_PARAM, REASONING, HunyuanInputProcessor
-    from omni_hunyuan.prompt import Text, image_rows, instruct_prompt_ids, reasoned_text
+    from omni_hunyuan.prompt import instruct_prompt_ids
     from omni_hunyuan.ratio_tail import tail_allowed
-    from omni_hunyuan.resolution import RATIO_TAIL_PARAM, ratio_sizes
+    from omni_hunyuan.resolution import RATIO_TAIL_PARAM
 
     tensors, meta = think_reference
     cases = json.loads(meta["cases"])
@@ -328,14 +336,12 @@ def test_think_recaption_then_draw_equals_the_instruct_release(small_instruct: P
     assert allowed is not None and len(allowed) > 1 and set(allowed) <= set(tokens.ratios) and generated[-1] in allowed
     assert generated[-1] in ar.params["stop_token_ids"]
 
-    config = HunyuanConfig.from_pretrained(small_instruct)
-    prompt = Text(list(built["ids"]), [bool(b) for b in built["blank"]])
-    text, ratio = reasoned_text(tokens, prompt, generated, drop_think=bool(generation_defaults(small_instruct).get("drop_think")))
-    assert ratio is not None
-    width, height = ratio_sizes(config.image_base_size, len(tokens.ratios))[ratio]
-    assert [height, width] == released["size"]
-    h, w = height // config.vae_downsample, width // config.vae_downsample
-    assert not config.cfg_distilled  # (CFG 5.0: a cond and an uncond row, as the dit stage's `_cfg` picks)
-    rows = image_rows(tokens, text.ids, ratio, h, w, cfg=True, blank=text.blank, step_ids=tokens.step_tokens(config)).rows.tolist()
-    assert rows[0] == released["cond"]
-    assert rows[1] == released["uncond"]
+    # The dit stage's own preparation of the request the ar stage hands it (ReasoningAdapter's data).
+    data = {"prompt_token_ids": released["ar_prompt"], "token_ids": generated}
+    (sample,) = instruct_dit.model.prepare("think", data, dict(dit.params))
+    h, w = sample.batch_key
+    config = instruct_dit.model.config
+    assert [h * config.vae_downsample, w * config.vae_downsample] == released["size"]
+    prefix = sample.state.prefix.ids.tolist()  # [cond, uncond] up to <timestep> (CFG 5.0)
+    tail = [*tokens.step_tokens(config), *[tokens.image] * (h * w), tokens.eoi]  # (what every step adds)
+    assert [row + tail for row in prefix] == [released["cond"], released["uncond"]]
