@@ -60,8 +60,23 @@ def short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
-def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: float) -> list[str]:
-    """Profile `steps` runtime steps of `requests` requests (admitted and started first)."""
+def kind(name: str) -> str:
+    """A kernel's kind, for the step's rollup: GEMM, attention, convolution, compiled (Triton), or other."""
+    lowered = name.lower()
+    if "sdpa" in lowered or "flash" in lowered or "fmha" in lowered:
+        return "attention"
+    if "fprop" in lowered or "dgrad" in lowered or "conv" in lowered and not lowered.startswith("triton"):
+        return "convolution"
+    if "nvjet" in lowered or "gemm" in lowered or "cutlass" in lowered or "splitkreduce" in lowered:
+        return "GEMM"
+    if lowered.startswith("triton"):
+        return "compiled (Triton)"
+    return "other (eager kernels, copies)"
+
+
+def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: float, top: int = 25) -> list[str]:
+    """Profile `steps` runtime steps of `requests` requests (admitted and started first): the gaps, the
+    kernels by kind, the `top` kernels, and the operators that launched the most device time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -107,7 +122,22 @@ def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: fl
         kernels[short(name, 70)] += stop - start
         calls[short(name, 70)] += 1
     lines += ["", "| kernel | ms a step | calls a step | share of busy |", "|---|---:|---:|---:|"]
-    lines += [f"| `{name}` | {us / steps / 1e3:.2f} | {calls[name] / steps:.0f} | {us / busy:.1%} |" for name, us in kernels.most_common(25)]
+    kinds: Counter[str] = Counter()
+    kind_calls: Counter[str] = Counter()
+    for start, stop, name in spans:
+        kinds[kind(name)] += stop - start
+        kind_calls[kind(name)] += 1
+    lines += ["", "| kind | ms a step | calls a step | share of busy |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {us / steps / 1e3:.2f} | {kind_calls[name] / steps:.0f} | {us / busy:.1%} |" for name, us in kinds.most_common()]
+    lines += ["", "| kernel | ms a step | calls a step | share of busy |", "|---|---:|---:|---:|"]
+    lines += [f"| `{name}` | {us / steps / 1e3:.2f} | {calls[name] / steps:.0f} | {us / busy:.1%} |" for name, us in kernels.most_common(top)]
+    # Which operators launched the device time (aten ops, compiled graphs): the tail the kernel names hide.
+    ops = sorted(prof.key_averages(), key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)
+    lines += ["", "| operator | self device ms a step | calls a step |", "|---|---:|---:|"]
+    lines += [
+        f"| `{short(e.key, 70)}` | {e.self_device_time_total / steps / 1e3:.2f} | {e.count / steps:.0f} |"
+        for e in ops[:top] if e.self_device_time_total > 0
+    ]
     return lines
 
 
@@ -150,6 +180,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--expert-gemms", default="grouped,per_expert", help="as bench/hunyuan_image3.py's")
     parser.add_argument("--gap-floor-us", type=float, default=50.0)
+    parser.add_argument("--top", type=int, default=25, help="kernels (and operators) listed")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
@@ -165,7 +196,7 @@ def main() -> None:
         lines += [f"### {omni.expert_gemms(how) or how}", ""]
         omni.run(args.requests, args.requests, size, 2, PeakMemory(args.device))  # warm-up (compiles each batch shape)
         if args.device.startswith("cuda"):
-            lines += profile_steps(omni, args.steps, args.requests, size, args.gap_floor_us)
+            lines += profile_steps(omni, args.steps, args.requests, size, args.gap_floor_us, args.top)
             lines += ["", *sync_sites(omni, args.requests, size), ""]
         else:
             lines += ["(warmed up only: the kernel timeline needs CUDA)", ""]

@@ -1,12 +1,15 @@
 """HunyuanImage-3.0's VAE decode of one 1024x1024 image (the release's 3-D decoder, `omni_hunyuan.vae`), by
-how its GroupNorms run and whether the decoder is compiled, on random weights at the benchmark's VAE widths.
+how its GroupNorms and convolutions run and whether the decoder is compiled, on random weights at the
+benchmark's VAE widths.
 
     OMNI_BENCH=hunyuan_vae_decode bash bench/gpu/run.sh h200 [--compile]   # CUDA
     python bench/hunyuan_vae_decode.py --preset tiny                      # CPU smoke test (64x64)
 
 Each variant decodes the same scaled latents through `decode_latents` (fp32 weights, fp16 autocast on
-CUDA, as the release decodes): the library's GroupNorm kernel (the release's ops: the reference's decode,
-`use_library_norms`) and Omni's (`GroupNorm`: statistics by ``torch.var_mean`` on CUDA); with
+CUDA, as the release decodes): the library's GroupNorm kernel and plain 3-D convolutions (the release's
+ops: the reference's decode, `use_release_ops`); Omni's `GroupNorm` (statistics by ``torch.var_mean``
+on CUDA) with plain convolutions; and Omni's decoder as served, whose `FrameConv3d`s skip the products
+with the time padding; with
 ``--compile``, each again with the decoder under ``torch.compile`` (whole module; a fair baseline's best
 setting). The table gives ms per image (best of ``--repeats``), the first call's seconds (a
 compiled decoder compiles there), the largest 8-bit difference from the
@@ -30,7 +33,7 @@ SIDES = {"h200": 1024, "tiny": 64}
 
 
 def main() -> None:
-    from omni_hunyuan.vae import build_vae, decode_latents, use_library_norms
+    from omni_hunyuan.vae import FrameConv3d, build_vae, decode_latents, use_release_ops
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", choices=sorted(WIDTHS), default="tiny")
@@ -48,8 +51,13 @@ def main() -> None:
     side = SIDES[args.preset] // 16
     latents = torch.randn(1, 32, side, side, generator=torch.Generator().manual_seed(1)).to(args.device)
     cuda = args.device.startswith("cuda")
-    variants = [("library GroupNorm (the release's ops; the reference)", use_library_norms(copy.deepcopy(decoder))),
-                ("GroupNorm by reduction (Omni)", decoder)]
+    plain = copy.deepcopy(decoder)
+    for conv in plain.modules():
+        if isinstance(conv, FrameConv3d):
+            conv.by_frames = False
+    variants = [("library GroupNorm, plain convolutions (the release's ops; the reference)", use_release_ops(copy.deepcopy(decoder))),
+                ("GroupNorm by reduction, plain convolutions", plain),
+                ("GroupNorm by reduction, FrameConv3d (Omni)", decoder)]
     if args.compile:
         for name, module in list(variants):
             compiled = copy.deepcopy(module)

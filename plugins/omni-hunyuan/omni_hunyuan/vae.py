@@ -38,7 +38,7 @@ class GroupNorm(nn.GroupNorm):
     per (sample, group) row, 32 blocks over rows of up to ~16M values. In fp32, as autocast runs group
     norm (`group_norm_by_reduction`, equal to ``F.group_norm`` within fp32 rounding: tests/test_pieces.py):
     the decode then takes 312 ms (`bench/results/hunyuan-vae-decode-h100-norms.md`; compiled, either
-    way, 231). Elsewhere, or with `by_reduction` off (`use_library_norms`), the library's kernel."""
+    way, 231). Elsewhere, or with `by_reduction` off (`use_release_ops`), the library's kernel."""
 
     by_reduction = True
 
@@ -61,12 +61,42 @@ def group_norm_by_reduction(x: torch.Tensor, groups: int, weight: torch.Tensor, 
     return torch.addcmul(shift.reshape(shape), values, scale.reshape(shape))
 
 
-def use_library_norms(module: nn.Module) -> nn.Module:
-    """`module`'s `GroupNorm`s on the library's kernel everywhere (as the release runs them: a reference's
-    VAE, `omni_hunyuan.reference.ReleaseVAECall`); returns `module`."""
-    for norm in module.modules():
-        if isinstance(norm, GroupNorm):
-            norm.by_reduction = False
+class FrameConv3d(nn.Conv3d):
+    """``nn.Conv3d`` with a kernel of 3 frames, zero-padded by one frame on each side (the release's
+    convolutions; the same parameters), that multiplies only the kernel's frames that meet an input
+    frame. An image decodes through one, two and four frames (`Decoder`): one frame meets only the
+    kernel's middle frame (a third of a plain convolution's products), and the first and last of
+    several frames meet two of the three, so a plain convolution spends 2/3, 1/3 and 1/6 of its
+    products on the zero padding. Here: the first and last frames from two-frame kernels, the others
+    from the whole kernel without time padding. Equal to the plain convolution in exact arithmetic
+    (the padding's products are zeros; the sums are the same, grouped otherwise); with `by_frames`
+    off (`use_release_ops`), the plain convolution."""
+
+    by_frames = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = x.shape[2]
+        if not self.by_frames or self.kernel_size[0] != 3 or self.padding[0] != 1 or x.dim() != 5:
+            return super().forward(x)
+        spatial = (0, *self.padding[1:])
+        if frames == 1:
+            return F.conv3d(x, self.weight[:, :, 1:2], self.bias, padding=spatial)
+        first = F.conv3d(x[:, :, :2], self.weight[:, :, 1:], self.bias, padding=spatial)
+        last = F.conv3d(x[:, :, -2:], self.weight[:, :, :2], self.bias, padding=spatial)
+        if frames == 2:
+            return torch.cat([first, last], dim=2)
+        return torch.cat([first, F.conv3d(x, self.weight, self.bias, padding=spatial), last], dim=2)
+
+
+def use_release_ops(module: nn.Module) -> nn.Module:
+    """`module`'s `GroupNorm`s on the library's kernel and its `FrameConv3d`s as plain convolutions
+    everywhere (as the release runs them: a reference's VAE, `omni_hunyuan.reference.ReleaseVAECall`);
+    returns `module`."""
+    for part in module.modules():
+        if isinstance(part, GroupNorm):
+            part.by_reduction = False
+        elif isinstance(part, FrameConv3d):
+            part.by_frames = False
     return module
 
 
@@ -75,7 +105,7 @@ def _norm(channels: int) -> nn.GroupNorm:
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int = 3) -> nn.Conv3d:
-    return nn.Conv3d(in_channels, out_channels, kernel, padding=kernel // 2)
+    return (FrameConv3d if kernel == 3 else nn.Conv3d)(in_channels, out_channels, kernel, padding=kernel // 2)
 
 
 def _space_to_depth(x: torch.Tensor, temporal: bool) -> torch.Tensor:

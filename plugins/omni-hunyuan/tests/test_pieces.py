@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -100,6 +101,29 @@ def test_the_vae_group_norm_by_reduction_equals_the_library(vae: Any) -> None:
         torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_frame_convolutions_equal_the_plain_convolution(vae: Any) -> None:
+    """`FrameConv3d` (only the kernel frames that meet an input frame) against the plain zero-padded
+    3-D convolution it replaces (`use_release_ops`), with a decoder convolution's own weights, for one
+    to five frames (an image decodes through one, two and four); the whole decoder too."""
+    import copy
+
+    from omni_hunyuan.vae import FrameConv3d, use_release_ops
+
+    conv = vae.decoder.up[0].block[0].conv1
+    assert isinstance(conv, FrameConv3d) and conv.by_frames
+    plain = use_release_ops(copy.deepcopy(conv))
+    assert not plain.by_frames
+    for frames in range(1, 6):
+        x = torch.randn(2, conv.in_channels, frames, 6, 5, generator=torch.Generator().manual_seed(frames))
+        with torch.no_grad():
+            ours, expected = conv(x), plain(x)
+        assert ours.shape == expected.shape == (2, conv.out_channels, frames, 6, 5)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    latents = torch.randn(1, vae.decoder.conv_in.in_channels, 1, 3, 4, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(vae.decoder(latents), use_release_ops(copy.deepcopy(vae.decoder))(latents), atol=1e-5, rtol=1e-5)
+
+
 def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any) -> None:
     """The sampler's text KV, computed once and reused by every step, against recomputing it from the
     whole row at every step: latents within 1e-5, the same 8-bit image up to rounding-boundary values
@@ -156,6 +180,14 @@ def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
         scattered = LayerKernels(rows=torch.compile(scatter_rows, dynamic=None), expert_gemms="per_expert")
         torch.testing.assert_close(grouped(tokens[:1, :1], scattered), one, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grouped(tokens, scattered), moe(tokens), atol=1e-5, rtol=1e-5)
+        # Each expert's rows padded to a multiple of 8 (`LayerKernels.pad_rows`): the pad rows are never read.
+        for padded in (LayerKernels(expert_gemms="per_expert", pad_rows=8), attrs.evolve(scattered, pad_rows=8)):
+            torch.testing.assert_close(grouped(tokens[:1, :1], padded), one, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(grouped(tokens, padded), moe(tokens), atol=1e-5, rtol=1e-5)
+        plan = grouped.dispatch(picked, attrs.evolve(scattered, pad_rows=8))
+        assert plan.host_ends is not None and plan.capacity == picked.numel() + grouped.grouped_up.shape[0] * 7
+        ends = plan.host_ends.tolist()
+        assert all(end % 8 == 0 for end in ends) and ends[-1] >= picked.numel()
     assert picked.unique().numel() > 1
 
 
