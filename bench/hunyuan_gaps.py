@@ -7,8 +7,9 @@
 `bench/hunyuan_image3.py` does (its ``Omni``: the diffusion stage runtime, ``--requests`` requests
 denoised together) and, for each way of multiplying the experts (``--expert-gemms``), profiles
 ``--steps`` runtime steps with `torch.profiler`: the wall time a step, the GPU's busy time (kernels,
-overlaps merged), the longest idle gaps between kernels with the kernels on either side, and the
-kernels that took the most time. A gap
+overlaps merged), the longest idle gaps between kernels with the kernels on either side, the
+device time by kind of kernel (GEMM, attention, convolution, compiled Triton, other), the ``--top``
+kernels that took the most time and the operators that launched the most. A gap
 means the host had not queued the next kernel yet (a host sync, Python between launches). Then one
 step under ``torch.cuda.set_sync_debug_mode("warn")``: where the host synchronizes, with its Python
 stack. Tables to stdout and ``$OUT/hunyuan-gaps-<preset>.md``.
@@ -121,7 +122,6 @@ def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: fl
     for start, stop, name in spans:
         kernels[short(name, 70)] += stop - start
         calls[short(name, 70)] += 1
-    lines += ["", "| kernel | ms a step | calls a step | share of busy |", "|---|---:|---:|---:|"]
     kinds: Counter[str] = Counter()
     kind_calls: Counter[str] = Counter()
     for start, stop, name in spans:
@@ -132,7 +132,7 @@ def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: fl
     lines += ["", "| kernel | ms a step | calls a step | share of busy |", "|---|---:|---:|---:|"]
     lines += [f"| `{name}` | {us / steps / 1e3:.2f} | {calls[name] / steps:.0f} | {us / busy:.1%} |" for name, us in kernels.most_common(top)]
     # Which operators launched the device time (aten ops, compiled graphs): the tail the kernel names hide.
-    ops = sorted(prof.key_averages(), key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
     lines += ["", "| operator | self device ms a step | calls a step |", "|---|---:|---:|"]
     lines += [
         f"| `{short(e.key, 70)}` | {e.self_device_time_total / steps / 1e3:.2f} | {e.count / steps:.0f} |"
