@@ -21,9 +21,9 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
    the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8);
    ``--expert-gemms grouped,per_expert`` times it once per way of multiplying the experts
-   (`LayerKernels.expert_gemms`), ``--row-gathers scatter,index`` once per way of taking their
-   input rows (`LayerKernels.rows`), and ``--pad-rows 1,128`` once per padding of each expert's rows
-   (`LayerKernels.pad_rows`), on the same loaded stage (the others than the first at concurrency N only).
+   (`LayerKernels.expert_gemms`), and ``--row-gathers scatter,index`` once per way of taking their
+   input rows (`LayerKernels.rows`), on the same loaded stage (the others than the first at
+   concurrency N only).
 
 When device time is short, ``--skip-eager-reference`` (with ``--compile``) times the reference compiled
 only (the PSNR is then against its images), ``--skip-c1`` times Omni at concurrency N only, and
@@ -372,15 +372,6 @@ class Omni:
         transformer.kernels = attrs.evolve(transformer.kernels, **rows)
         return "rows by index_select" if how == "index" else ""
 
-    def pad_rows(self, multiple: int) -> str:
-        """Each expert's rows padded to a multiple of `multiple` (`LayerKernels.pad_rows`; 1: none, as
-        served); returns it in words ("" for 1)."""
-        import attrs
-
-        transformer = self.runtime.model.transformer
-        transformer.kernels = attrs.evolve(transformer.kernels, pad_rows=multiple)
-        return f"expert rows padded to {multiple}" if multiple > 1 else ""
-
     def close(self) -> None:
         self.runtime.close()
 
@@ -446,9 +437,6 @@ def main() -> None:
     parser.add_argument("--row-gathers", default="scatter",
                         help="comma-separated ways to take the experts' input rows (`Omni.row_gather`), each timed "
                              "after each --expert-gemms value (at concurrency 1 with the first pair only)")
-    parser.add_argument("--pad-rows", default="1",
-                        help="comma-separated `LayerKernels.pad_rows` values (1: as served), each timed after each "
-                             "--row-gathers value (at concurrency 1 with the first only)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/omni-bench-hunyuan"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench/results")))
     args = parser.parse_args()
@@ -524,11 +512,9 @@ def main() -> None:
     omni = Omni(model, args.device, args.dtype, args.requests, args.compile)
     print(f"omni loaded in {time.perf_counter() - stamp:.0f} s", flush=True)
     system = omni.system
-    variants = [(gemms, gather, int(pad)) for gemms in args.expert_gemms.split(",") for gather in args.row_gathers.split(",")
-                for pad in args.pad_rows.split(",")]
-    for number, (gemms, gather, pad) in enumerate(variants):
-        parts = (system, omni.expert_gemms(gemms), omni.row_gather(gather), omni.pad_rows(pad))
-        omni.system = ", ".join(part for part in parts if part)
+    variants = [(gemms, gather) for gemms in args.expert_gemms.split(",") for gather in args.row_gathers.split(",")]
+    for number, (gemms, gather) in enumerate(variants):
+        omni.system = ", ".join(part for part in (system, omni.expert_gemms(gemms), omni.row_gather(gather)) if part)
         for concurrency in (args.requests,) if args.skip_c1 or number else (1, args.requests):
             stamp = time.perf_counter()
             omni.run(concurrency, concurrency, args.size, 2, memory)  # warm-up (compiles each batch shape)

@@ -230,11 +230,6 @@ class Dispatch:
     ends: torch.Tensor  # int32 [experts]: where each expert's pairs end in `order`
     host_ends: torch.Tensor | None = None  # `ends` on the host (one matmul per expert needs the counts)
     ready: torch.cuda.Event | None = None  # recorded after `host_ends`' asynchronous copy
-    # With `LayerKernels.pad_rows`: each expert's rows start at a multiple of it (`host_ends` are the
-    # padded ends); `shift` [T*k] moves the j-th pair in expert order to its padded place, and
-    # `capacity` rows hold every padded layout of T*k pairs.
-    shift: torch.Tensor | None = None
-    capacity: int | None = None
 
     def counts(self) -> list[int]:
         """Each expert's number of (token, slot) pairs, on the host (waits for the copy)."""
@@ -308,25 +303,15 @@ class MoE(nn.Module):
         experts, order = chosen.reshape(-1).sort(stable=True)
         # Each expert's end in the sorted list (a bincount's cumsum, without the host sync CUDA's
         # bincount makes to size its output).
-        num_experts = self.grouped_up.shape[0]
-        everyone = torch.arange(num_experts, device=experts.device, dtype=experts.dtype)
+        everyone = torch.arange(self.grouped_up.shape[0], device=experts.device, dtype=experts.dtype)
         ends = torch.searchsorted(experts, everyone, right=True).to(torch.int32)
-        if kernels.expert_gemms != "per_expert" or self.quantized == "fp8":
-            return Dispatch(order, ends)
-        host, shift, capacity = ends, None, None
-        if kernels.pad_rows > 1:
-            # Each expert's rows padded to a multiple of `pad_rows`: its matmul's row count then takes
-            # few values from step to step (see `LayerKernels.pad_rows`); the pad rows are never read.
-            pad = kernels.pad_rows
-            counts = torch.diff(ends, prepend=ends.new_zeros(1))
-            padded = torch.cumsum((counts + pad - 1) // pad * pad, 0, dtype=torch.int32)
-            shift = ((padded - ends) - ((counts + pad - 1) // pad * pad - counts)).index_select(0, experts)
-            host, capacity = padded, chosen.numel() + num_experts * (pad - 1)
-        ready = None
-        if host.is_cuda:  # into pinned memory, asynchronously; `ready` marks the copy's end
-            host, ready = host.to("cpu", non_blocking=True), torch.cuda.Event()
-            ready.record()
-        return Dispatch(order, ends, host, ready, shift, capacity)
+        host, ready = None, None
+        if kernels.expert_gemms == "per_expert" and self.quantized != "fp8":
+            host = ends
+            if ends.is_cuda:  # into pinned memory, asynchronously; `ready` marks the copy's end
+                host, ready = ends.to("cpu", non_blocking=True), torch.cuda.Event()
+                ready.record()
+        return Dispatch(order, ends, host, ready)
 
     def grouped_experts(
         self, tokens: torch.Tensor, plan: Dispatch, kernels: LayerKernels | None = None
@@ -338,8 +323,7 @@ class MoE(nn.Module):
         order, ends = plan.order, plan.ends
         rows = order // self.topk
         inverse = torch.empty_like(order)
-        places = torch.arange(order.numel(), device=order.device)
-        inverse[order] = places if plan.shift is None else places + plan.shift
+        inverse[order] = torch.arange(order.numel(), device=order.device)
         if self.quantized == "fp8":
             # Each token is scaled once, then its FP8 row taken k times (half a bf16 gather's bytes).
             x, x_scale = kernels.rows_fp8(tokens, rows, inverse, self.topk)
@@ -350,10 +334,9 @@ class MoE(nn.Module):
         if self.quantized == "int8_weight_only":
             up = dequantize_stacked(up, self.grouped_up_scale, tokens.dtype)
             down = dequantize_stacked(down, self.grouped_down_scale, tokens.dtype)
-        x = kernels.rows(tokens, rows, inverse, self.topk, plan.capacity)
+        x = kernels.rows(tokens, rows, inverse, self.topk)
         if plan.host_ends is not None:
             counts = plan.counts()  # (waits for the copy `dispatch` started; the GPU still has the gather)
-            x = x[: sum(counts)]  # (padded: the pad rows after the last expert's are not multiplied)
             out = per_expert_mm(kernels.act(per_expert_mm(x, up, counts)), down, counts)
         else:
             out = torch._grouped_mm(kernels.act(torch._grouped_mm(x, up.transpose(1, 2), offs=ends)), down.transpose(1, 2), offs=ends)
@@ -406,26 +389,21 @@ def per_expert_mm(x: torch.Tensor, weights: torch.Tensor, counts: list[int]) -> 
     return out
 
 
-def gather_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int, capacity: int | None = None) -> torch.Tensor:
+def gather_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int) -> torch.Tensor:
     """Each routed (token, slot) pair's token, in expert order ``[T*k, H]``: ``tokens[rows]``
-    (`MoE.grouped_experts`: ``rows`` each pair's token, ``inverse`` each pair's place; `scatter_rows`).
-    With a `capacity` (padded places: `LayerKernels.pad_rows`), `scatter_rows`' layout."""
-    if capacity is not None:
-        return scatter_rows(tokens, rows, inverse, topk, capacity)
+    (`MoE.grouped_experts`: ``rows`` each pair's token, ``inverse`` each pair's place; `scatter_rows`)."""
     return tokens.index_select(0, rows)
 
 
-def scatter_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int, capacity: int | None = None) -> torch.Tensor:
+def scatter_rows(tokens: torch.Tensor, rows: torch.Tensor, inverse: torch.Tensor, topk: int) -> torch.Tensor:
     """`gather_rows` written for `torch.compile`: the pairs in token order, each token's row read once
     and written to its k places (``out[inverse] = tokens repeated k times``, one scatter kernel). A
     gather in expert order reads each token k times, far apart, from memory: ~2x the bytes. On an
     H100 at concurrency 4 (262k rows of 4096): 0.92 ms a layer against 1.49, 0.9% more images/s
     (bench/results/hunyuan-fused-moe-h100.md, hunyuan-image3-h100-8layers-50steps-scatter.md).
-    (``rows`` is unused: the signature is `gather_rows`', so `LayerKernels.rows` takes either.)
-    `capacity`: the output's rows when ``inverse`` holds padded places (`LayerKernels.pad_rows`; the
-    rows no pair goes to are left unwritten)."""
+    (``rows`` is unused: the signature is `gather_rows`', so `LayerKernels.rows` takes either.)"""
     count = tokens.shape[0]
-    out = tokens.new_empty(count * topk if capacity is None else capacity, *tokens.shape[1:])
+    out = tokens.new_empty(count * topk, *tokens.shape[1:])
     repeated = tokens.unsqueeze(1).expand(count, topk, *tokens.shape[1:]).reshape(count * topk, *tokens.shape[1:])
     return out.index_put_((inverse,), repeated)
 
@@ -517,10 +495,6 @@ class LayerKernels:
     # of rows an expert (denoising forwards: `compiled`) cuBLAS runs them faster than the grouped kernel:
     # served on an H100 at concurrency 4, 4.7% more images/s (bench/results/hunyuan-image3-h100-8layers-50steps-gemms.md).
     expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert")))
-    # With "per_expert": each expert's rows padded to a multiple of this many (1: none), so that its
-    # matmul's row count takes few values across steps and layers (cuBLAS chooses a kernel per shape
-    # on the host at each call; the pad rows cost little where they fall inside the last row tile).
-    pad_rows: int = attrs.field(default=1, validator=attrs.validators.ge(1))
 
     @classmethod
     def compiled(cls, expert_gemms: str = "per_expert") -> LayerKernels:
