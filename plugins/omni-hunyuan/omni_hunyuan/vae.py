@@ -76,7 +76,8 @@ class FrameConv3d(nn.Conv3d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         frames = x.shape[2]
-        if not self.by_frames or self.kernel_size[0] != 3 or self.padding[0] != 1 or x.dim() != 5:
+        other_kernel = (self.kernel_size[0], self.padding[0], self.stride[0], self.dilation[0]) != (3, 1, 1, 1)
+        if not self.by_frames or other_kernel or self.padding_mode != "zeros" or x.dim() != 5:
             return super().forward(x)
         spatial = (0, *self.padding[1:])
         if frames == 1:
