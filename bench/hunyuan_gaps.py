@@ -119,12 +119,11 @@ def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: fl
     lines += [f"| {pairs[key]} | {total / 1e3:.2f} | `{key[0]}` | `{key[1]}` |" for key, total in totals.most_common(12)]
     kernels: Counter[str] = Counter()
     calls: Counter[str] = Counter()
-    for start, stop, name in spans:
-        kernels[short(name, 70)] += stop - start
-        calls[short(name, 70)] += 1
     kinds: Counter[str] = Counter()
     kind_calls: Counter[str] = Counter()
     for start, stop, name in spans:
+        kernels[short(name, 70)] += stop - start
+        calls[short(name, 70)] += 1
         kinds[kind(name)] += stop - start
         kind_calls[kind(name)] += 1
     lines += ["", "| kind | ms a step | calls a step | share of busy |", "|---|---:|---:|---:|"]

@@ -15,7 +15,8 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
 1. the reference: nemo-automodel's Apache-2.0 ``HunyuanImage3Pipeline`` (one prompt per call, the
    whole sequence through the model at every step, CFG in the batch), with its fastest backends here
    (SDPA attention, ``torch._grouped_mm`` experts), serving the requests one after the other; it decodes
-   with the release's VAE ops (`ReleaseVAECall` over our VAE on the library's GroupNorm kernel), and with
+   with the release's VAE ops (`ReleaseVAECall` over our VAE, `use_release_ops`: the library's GroupNorm
+   kernel and plain 3-D convolutions), and with
    ``--compile`` its blocks and VAE decoder are compiled as Omni's are;
 2. Omni's ``dit`` stage (the family's pipeline, its diffusion stage runtime) at concurrency 1 and N
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
