@@ -350,15 +350,19 @@ class Omni:
         ])
 
     def expert_gemms(self, how: str) -> str:
-        """The dit stage's denoising forwards run their grouped experts `how` (`LayerKernels.expert_gemms`);
-        returns how, in words (none where the experts are not grouped: CPU, fp32)."""
+        """The dit stage's denoising forwards run their grouped experts `how` (`LayerKernels.expert_gemms`;
+        ``interleaved:R``: `LayerKernels.expert_rows` R); returns how, in words (none where the experts
+        are not grouped: CPU, fp32)."""
         import attrs
 
+        how, _, rows = how.partition(":")
         transformer = self.runtime.model.transformer
-        transformer.kernels = attrs.evolve(transformer.kernels, expert_gemms=how)
+        transformer.kernels = attrs.evolve(transformer.kernels, expert_gemms=how, expert_rows=int(rows or 0))
         if not any(layer.mlp.grouped for layer in transformer.model.layers):
             return ""
-        return "one grouped GEMM a projection" if how == "grouped" else "per-expert GEMMs"
+        words = {"grouped": "one grouped GEMM a projection", "per_expert": "per-expert GEMMs",
+                 "interleaved": "per-expert GEMMs, each expert's up, SwiGLU and down back to back"}[how]
+        return f"{words}, {rows} rows at a time" if rows else words
 
     def row_gather(self, how: str) -> str:
         """The experts' input rows taken `how` (`LayerKernels.rows`, `rows_fp8`): "scatter" (the stage's

@@ -306,7 +306,7 @@ class MoE(nn.Module):
         everyone = torch.arange(self.grouped_up.shape[0], device=experts.device, dtype=experts.dtype)
         ends = torch.searchsorted(experts, everyone, right=True).to(torch.int32)
         host, ready = None, None
-        if kernels.expert_gemms == "per_expert" and self.quantized != "fp8":
+        if kernels.expert_gemms != "grouped" and self.quantized != "fp8":
             host = ends
             if ends.is_cuda:  # into pinned memory, asynchronously; `ready` marks the copy's end
                 host, ready = ends.to("cpu", non_blocking=True), torch.cuda.Event()
@@ -337,7 +337,10 @@ class MoE(nn.Module):
         x = kernels.rows(tokens, rows, inverse, self.topk)
         if plan.host_ends is not None:
             counts = plan.counts()  # (waits for the copy `dispatch` started; the GPU still has the gather)
-            out = per_expert_mm(kernels.act(per_expert_mm(x, up, counts)), down, counts)
+            if kernels.expert_gemms == "interleaved":
+                out = interleaved_experts(x, up, down, counts, kernels.act, kernels.expert_rows)
+            else:
+                out = per_expert_mm(kernels.act(per_expert_mm(x, up, counts)), down, counts)
         else:
             out = torch._grouped_mm(kernels.act(torch._grouped_mm(x, up.transpose(1, 2), offs=ends)), down.transpose(1, 2), offs=ends)
         return out, inverse
@@ -386,6 +389,25 @@ def per_expert_mm(x: torch.Tensor, weights: torch.Tensor, counts: list[int]) -> 
     for rows, weight, into in zip(x.split(counts), weights.transpose(1, 2).unbind(0), out.split(counts), strict=True):
         if rows.shape[0]:
             torch.mm(rows, weight, out=into)
+    return out
+
+
+def interleaved_experts(
+    x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, counts: list[int], act: Callable[[torch.Tensor], torch.Tensor], rows: int = 0
+) -> torch.Tensor:
+    """`per_expert_mm`'s ``down(act(up(x)))`` one expert at a time (and `rows` rows at a time, if set):
+    each expert's up product ``[rows, 2I]`` is read back by `act` and its output by the down matmul
+    right after they are written, while they may still be in the GPU's L2 cache, instead of after
+    every expert's (the whole up product is ~3 GiB at concurrency 4). The same matmuls on the same
+    rows as `per_expert_mm` (without `rows`), so the same values."""
+    out = x.new_empty(x.shape[0], down.shape[1])
+    ups, downs = up.transpose(1, 2).unbind(0), down.transpose(1, 2).unbind(0)
+    for block, w_up, w_down, into in zip(x.split(counts), ups, downs, out.split(counts), strict=True):
+        count = block.shape[0]
+        parts = max(1, -(-count // rows)) if rows and count else 1
+        for part, target in zip(block.tensor_split(parts), into.tensor_split(parts)):
+            if part.shape[0]:
+                torch.mm(act(torch.mm(part, w_up)), w_down, out=target)
     return out
 
 
@@ -494,7 +516,10 @@ class LayerKernels:
     # host waits a layer for the counts; `MoE.dispatch` starts their copy early). With thousands
     # of rows an expert (denoising forwards: `compiled`) cuBLAS runs them faster than the grouped kernel:
     # served on an H100 at concurrency 4, 4.7% more images/s (bench/results/hunyuan-image3-h100-8layers-50steps-gemms.md).
-    expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert")))
+    # "interleaved": per_expert's matmuls with each expert's up, SwiGLU and down run back to back
+    # (`interleaved_experts`; `expert_rows` rows at a time if set), so SwiGLU may read from L2.
+    expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert", "interleaved")))
+    expert_rows: int = 0
 
     @classmethod
     def compiled(cls, expert_gemms: str = "per_expert") -> LayerKernels:

@@ -155,7 +155,7 @@ def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: P
 
 def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
     """`MoE.group_experts` (the CUDA bf16 path: one grouped GEMM per projection, or one matmul per
-    expert; the rows gathered or scattered) routes and weighs every token as the per-expert loop does,
+    expert, or each expert's matmuls and SwiGLU back to back; the rows gathered or scattered) routes and weighs every token as the per-expert loop does,
     including experts no token picked."""
     import copy
 
@@ -179,6 +179,12 @@ def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
         scattered = LayerKernels(rows=torch.compile(scatter_rows, dynamic=None), expert_gemms="per_expert")
         torch.testing.assert_close(grouped(tokens[:1, :1], scattered), one, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grouped(tokens, scattered), moe(tokens), atol=1e-5, rtol=1e-5)
+        # Each expert's up, SwiGLU and down back to back (`interleaved_experts`), whole or 2 rows at a time:
+        # the products of one matmul per expert.
+        for rows in (0, 2):
+            interleaved = LayerKernels(expert_gemms="interleaved", expert_rows=rows)
+            torch.testing.assert_close(grouped(tokens[:1, :1], interleaved), one, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(grouped(tokens, interleaved), moe(tokens), atol=1e-5, rtol=1e-5)
     assert picked.unique().numel() > 1
 
 
