@@ -179,12 +179,13 @@ def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
         scattered = LayerKernels(rows=torch.compile(scatter_rows, dynamic=None), expert_gemms="per_expert")
         torch.testing.assert_close(grouped(tokens[:1, :1], scattered), one, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grouped(tokens, scattered), moe(tokens), atol=1e-5, rtol=1e-5)
-        # Each expert's up, SwiGLU and down back to back (`interleaved_experts`), whole or 2 rows at a time:
-        # the products of one matmul per expert.
+        # Each expert's up, SwiGLU and down back to back (`interleaved_experts`): whole, the same matmuls on
+        # the same rows as one matmul per expert (the same values); 2 rows at a time, other matmul shapes.
         for rows in (0, 2):
             interleaved = LayerKernels(expert_gemms="interleaved", expert_rows=rows)
             torch.testing.assert_close(grouped(tokens[:1, :1], interleaved), one, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(grouped(tokens, interleaved), moe(tokens), atol=1e-5, rtol=1e-5)
+        assert torch.equal(grouped(tokens, LayerKernels(expert_gemms="interleaved")), grouped(tokens, per_expert))
     assert picked.unique().numel() > 1
 
 
