@@ -6,10 +6,12 @@
 `bench/hunyuan_profile.py` times one denoising forward alone; this runs the stage as
 `bench/hunyuan_image3.py` does (its ``Omni``: the diffusion stage runtime, ``--requests`` requests
 denoised together) and, for each way of multiplying the experts (``--expert-gemms``), profiles
-``--steps`` runtime steps with `torch.profiler`: the wall time a step, the GPU's busy time (kernels,
-overlaps merged), the longest idle gaps between kernels with the kernels on either side, the
-device time by kind of kernel (GEMM, attention, convolution, compiled Triton, other), the ``--top``
-kernels that took the most time and the operators that launched the most. A gap
+``--steps`` runtime steps unprofiled (their wall time), then under a CUDA-only profiler (the GPU's
+busy and idle time at about the served launch pace), then under the full `torch.profiler`: the wall
+time a step, the GPU's busy time (kernels, overlaps merged), the longest idle gaps between kernels
+with the kernels on either side, the device time by kind of kernel (GEMM, attention, convolution,
+compiled Triton, other), the ``--top`` kernels that took the most time and the operators that
+launched the most. A gap
 means the host had not queued the next kernel yet (a host sync, Python between launches). Then one
 step under ``torch.cuda.set_sync_debug_mode("warn")``: where the host synchronizes, with its Python
 stack. Tables to stdout and ``$OUT/hunyuan-gaps-<preset>.md``.

@@ -21,8 +21,8 @@ In ONE process, on the same weights, the same prompts and seeds (peak memory res
 2. Omni's ``dit`` stage (the family's pipeline, its diffusion stage runtime) at concurrency 1 and N
    (N requests arrive at once and are denoised together); with ``--quantization``, once more at N with
    the stage's ``quantization`` option (its layers' linears and grouped experts in FP8 or int8);
-   ``--expert-gemms grouped,per_expert`` times it once per way of multiplying the experts
-   (`LayerKernels.expert_gemms`), and ``--row-gathers scatter,index`` once per way of taking their
+   ``--expert-gemms grouped,per_expert,interleaved:2048`` times it once per way of multiplying the
+   experts (`LayerKernels.expert_gemms`; ``:R``, `LayerKernels.expert_rows`), and ``--row-gathers scatter,index`` once per way of taking their
    input rows (`LayerKernels.rows`), on the same loaded stage (the others than the first at
    concurrency N only).
 

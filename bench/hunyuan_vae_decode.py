@@ -9,11 +9,11 @@ Each variant decodes the same scaled latents through `decode_latents` (fp32 weig
 CUDA, as the release decodes): the library's GroupNorm kernel and plain 3-D convolutions (the release's
 ops: the reference's decode, `use_release_ops`); Omni's `GroupNorm` (statistics by ``torch.var_mean``
 on CUDA) with plain convolutions; and Omni's decoder as served, whose `FrameConv3d`s skip the products
-with the time padding; with
-``--compile``, each again with the decoder under ``torch.compile`` (whole module; a fair baseline's best
-setting). The table gives ms per image (best of ``--repeats``), the first call's seconds (a
-compiled decoder compiles there), the largest 8-bit difference from the
-first variant's image, and the share of values that differ. (2026-12-07's first run also timed
+with the time padding; with ``--compile``, each again with the decoder under ``torch.compile`` (whole
+module; a fair baseline's best setting), and Omni's compiled with channels-last weights. The table
+gives ms per image (best of ``--repeats``), the first call's seconds (a compiled decoder compiles
+there), the largest 8-bit difference from the first variant's image, and the share of values that
+differ. (2026-12-07's first run also timed
 channels-last weights and cuDNN's algorithm search: `bench/results/hunyuan-vae-decode-h100.md`.)
 """
 

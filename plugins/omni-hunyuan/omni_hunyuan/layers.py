@@ -395,11 +395,11 @@ def per_expert_mm(x: torch.Tensor, weights: torch.Tensor, counts: list[int]) -> 
 def interleaved_experts(
     x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, counts: list[int], act: Callable[[torch.Tensor], torch.Tensor], rows: int = 0
 ) -> torch.Tensor:
-    """`per_expert_mm`'s ``down(act(up(x)))`` one expert at a time (and `rows` rows at a time, if set):
-    each expert's up product ``[rows, 2I]`` is read back by `act` and its output by the down matmul
-    right after they are written, while they may still be in the GPU's L2 cache, instead of after
-    every expert's (the whole up product is ~3 GiB at concurrency 4). The same matmuls on the same
-    rows as `per_expert_mm` (without `rows`), so the same values."""
+    """`per_expert_mm`'s ``down(act(up(x)))`` one expert at a time (with `rows`, each expert's rows in
+    near-equal parts of at most that many): an expert's up product is read back by `act`, and `act`'s
+    output by the down matmul, right after they are written, while they may still be in the GPU's L2
+    cache, not after every expert's (the whole up product is ~3 GiB at concurrency 4). Without
+    `rows`, the same matmuls on the same rows as `per_expert_mm`, so the same values."""
     out = x.new_empty(x.shape[0], down.shape[1])
     ups, downs = up.transpose(1, 2).unbind(0), down.transpose(1, 2).unbind(0)
     for block, w_up, w_down, into in zip(x.split(counts), ups, downs, out.split(counts), strict=True):
@@ -519,7 +519,7 @@ class LayerKernels:
     # "interleaved": per_expert's matmuls with each expert's up, SwiGLU and down run back to back
     # (`interleaved_experts`; `expert_rows` rows at a time if set), so SwiGLU may read from L2.
     expert_gemms: str = attrs.field(default="grouped", validator=attrs.validators.in_(("grouped", "per_expert", "interleaved")))
-    expert_rows: int = 0
+    expert_rows: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
     @classmethod
     def compiled(cls, expert_gemms: str = "per_expert") -> LayerKernels:

@@ -155,8 +155,8 @@ def test_cached_text_prefix_gives_the_image_a_full_recompute_gives(checkpoint: P
 
 def test_grouped_experts_equal_the_loop_over_experts(checkpoint: Path) -> None:
     """`MoE.group_experts` (the CUDA bf16 path: one grouped GEMM per projection, or one matmul per
-    expert, or each expert's matmuls and SwiGLU back to back; the rows gathered or scattered) routes and weighs every token as the per-expert loop does,
-    including experts no token picked."""
+    expert, or each expert's matmuls and SwiGLU back to back; the rows gathered or scattered) routes
+    and weighs every token as the per-expert loop does, including experts no token picked."""
     import copy
 
     from omni_hunyuan.layers import LayerKernels, scatter_rows
