@@ -11,7 +11,8 @@ text prefix of ``--prefix``, ``--prefix`` + 2, ... tokens (one length per reques
 counts them), each part's time alone on the same shapes (attention with the padding mask, and
 without any, the MoE, the projections), and the kernels that took the most device time
 (`torch.profiler`; of the compiled forward with ``--compile``, quantized with ``--quantization``); the MoE
-and the compiled forward with one grouped GEMM a projection instead of one matmul per expert (where the
+and the compiled forward with one grouped GEMM a projection instead of one matmul per expert, and the
+MoE with each expert's up, SwiGLU and down back to back, whole and 2048 rows at a time (where the
 experts are grouped: CUDA, bf16); the VAE decode (the release's 3-D decoder, as the dit stage and the reference
 run it), one image and a batch's images. Tables to stdout and ``$OUT/hunyuan-profile-<preset>.md``.
 """
@@ -56,14 +57,16 @@ def build(spec: dict[str, Any], layers: int, device: str, dtype: Any) -> Any:
 
 def with_gemms(model: Any, how: str, device: str, run: Any, repeats: int) -> float | None:
     """`run`'s time with the denoising forward's grouped experts multiplied `how` (`LayerKernels.expert_gemms`:
-    ``grouped``, one grouped GEMM a projection; ``per_expert``, one matmul an expert), then back; None
-    where they are not grouped."""
+    ``grouped``, one grouped GEMM a projection; ``per_expert``, one matmul an expert; ``interleaved[:R]``,
+    each expert's up, SwiGLU and down back to back, R rows at a time), then back; None where they are
+    not grouped."""
     import attrs
 
     if not any(layer.mlp.grouped for layer in model.model.layers):
         return None
+    how, _, rows = how.partition(":")
     kernels = model.kernels
-    model.kernels = attrs.evolve(kernels, expert_gemms=how)
+    model.kernels = attrs.evolve(kernels, expert_gemms=how, expert_rows=int(rows or 0))
     try:
         return timed(device, run, repeats)
     finally:
@@ -141,6 +144,8 @@ def main() -> None:
             "attention, one unmasked call": timed(device, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), args.repeats),
             "MoE (router, experts, shared)": timed(device, lambda: layer.mlp(hidden), args.repeats),
             "MoE, one matmul per expert (the host waits for the bounds)": with_gemms(model, "per_expert", device, lambda: layer.mlp(hidden, model.kernels), args.repeats),
+            "MoE, each expert's up, SwiGLU and down back to back": with_gemms(model, "interleaved", device, lambda: layer.mlp(hidden, model.kernels), args.repeats),
+            "MoE, back to back, 2048 rows at a time": with_gemms(model, "interleaved:2048", device, lambda: layer.mlp(hidden, model.kernels), args.repeats),
             "UNet embedder (once per request) and head (per row), one forward": timed(device, lambda: model.final_layer(
                 model.patch_embed(latents, model.time_embed(timestep).to(dtype)).repeat_interleave(2, dim=0),
                 model.time_embed_2(timestep.repeat_interleave(2)).to(dtype), side, side), args.repeats),
