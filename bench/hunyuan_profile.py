@@ -151,6 +151,8 @@ def main() -> None:
                 model.time_embed_2(timestep.repeat_interleave(2)).to(dtype), side, side), args.repeats),
             "qkv + o projections": timed(device, lambda: layer.self_attn.o_proj(layer.self_attn.qkv_proj(hidden)[..., : config.num_heads * config.head_dim]), args.repeats),
         }
+        for name, seconds in parts.items():  # (as they come: a call cut short still reports them)
+            print(f"{name}: {'-' if seconds is None else f'{seconds * 1e3:.2f} ms'}", flush=True)
         quantized = quantized_moe = None
         if args.quantization:
             # The dit stage's `quantization` (`omni_hunyuan.quantized.quantize_layers`), on the same shapes.
