@@ -79,6 +79,10 @@ def test_a_bfloat16_checkpoint_speaks(bf16_dir: Path) -> None:
     assert len(first.token_ids) == 8 and first.text
     assert first.sample_rate == 24000 and first.audio is not None and first.audio.dtype == np.float32
     assert 0 < first.audio.size and np.isfinite(first.audio).all() and float(np.abs(first.audio).max()) > 0
-    # Greedy: the same request gives the same text and audio.
+    # Greedy: the same request gives the same text and audio. code2wav decodes the talker's frames in
+    # the chunks they arrive in (its state carried between them), which timing decides; in bfloat16 two
+    # splittings round apart (CI on 2026-12-07: samples up to 0.0117 apart, the same length), so the
+    # audio is compared within 0.03 (different codes would move it by the signal itself), not bit for bit.
     assert again.token_ids == first.token_ids
-    np.testing.assert_array_equal(again.audio, first.audio)
+    assert again.audio.shape == first.audio.shape
+    np.testing.assert_allclose(again.audio, first.audio, rtol=0, atol=0.03)
