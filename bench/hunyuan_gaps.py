@@ -45,6 +45,14 @@ def kernel_spans(trace: Path) -> list[tuple[float, float, str]]:
     return sorted(spans)
 
 
+def traced_spans(prof: Any) -> list[tuple[float, float, str]]:
+    """`kernel_spans` of a finished `torch.profiler.profile`'s trace."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trace = Path(scratch) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        return kernel_spans(trace)
+
+
 def gaps(spans: list[tuple[float, float, str]], floor_us: float) -> tuple[float, list[tuple[float, str, str]]]:
     """The kernels' busy time (overlaps merged) and each idle gap longer than `floor_us` as
     ``(gap_us, kernel before, kernel after)``."""
@@ -95,10 +103,7 @@ def profile_steps(omni: Omni, steps: int, requests: int, size: int, floor_us: fl
             omni.runtime.step()
             walls.append(time.perf_counter() - began)
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as scratch:
-        trace = Path(scratch) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        spans = kernel_spans(trace)
+    spans = traced_spans(prof)
     while omni.runtime.has_unfinished():
         omni.runtime.step()
     busy, found = gaps(spans, floor_us)
@@ -161,10 +166,7 @@ def served_steps(omni: Omni, steps: int) -> list[str]:
         for _ in range(steps):
             omni.runtime.step()
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as scratch:
-        trace = Path(scratch) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        spans = kernel_spans(trace)
+    spans = traced_spans(prof)
     busy, found = gaps(spans, 50.0)
     window = spans[-1][1] - spans[0][0]
     return [

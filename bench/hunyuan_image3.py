@@ -259,6 +259,15 @@ class Reference:
         self.pipe = self.transformer = self.vae = None
 
 
+def expert_kernels(kernels: Any, how: str) -> Any:
+    """`kernels` (`LayerKernels`) multiplying grouped experts `how`: an `expert_gemms` value, ``:R`` after
+    it for `expert_rows` R (``interleaved:2048``)."""
+    import attrs
+
+    gemms, _, rows = how.partition(":")
+    return attrs.evolve(kernels, expert_gemms=gemms, expert_rows=int(rows or 0))
+
+
 class Omni:
     """Omni's ``dit`` stage: the family's pipeline resolved for the checkpoint, its diffusion stage
     runtime driven as the engine's worker drives it (add requests, step until each one's final chunk).
@@ -353,16 +362,13 @@ class Omni:
         """The dit stage's denoising forwards run their grouped experts `how` (`LayerKernels.expert_gemms`;
         ``interleaved:R``: `LayerKernels.expert_rows` R); returns how, in words (none where the experts
         are not grouped: CPU, fp32)."""
-        import attrs
-
-        how, _, rows = how.partition(":")
         transformer = self.runtime.model.transformer
-        transformer.kernels = attrs.evolve(transformer.kernels, expert_gemms=how, expert_rows=int(rows or 0))
+        kernels = transformer.kernels = expert_kernels(transformer.kernels, how)
         if not any(layer.mlp.grouped for layer in transformer.model.layers):
             return ""
         words = {"grouped": "one grouped GEMM a projection", "per_expert": "per-expert GEMMs",
-                 "interleaved": "per-expert GEMMs, each expert's up, SwiGLU and down back to back"}[how]
-        return f"{words}, {rows} rows at a time" if rows else words
+                 "interleaved": "per-expert GEMMs, each expert's up, SwiGLU and down back to back"}[kernels.expert_gemms]
+        return f"{words}, {kernels.expert_rows} rows at a time" if kernels.expert_rows else words
 
     def row_gather(self, how: str) -> str:
         """The experts' input rows taken `how` (`LayerKernels.rows`, `rows_fp8`): "scatter" (the stage's

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from diffusion import matmul_ceiling, synchronize, timed
-from hunyuan_image3 import RELEASE, Flops
+from hunyuan_image3 import RELEASE, Flops, expert_kernels
 
 TINY = {**RELEASE, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attention_head_dim": 32,
         "num_experts": 4, "moe_topk": 2, "moe_intermediate_size": 32, "patch_embed_hidden_dim": 32, "image_base_size": 64}
@@ -60,13 +60,10 @@ def with_gemms(model: Any, how: str, device: str, run: Any, repeats: int) -> flo
     ``grouped``, one grouped GEMM a projection; ``per_expert``, one matmul an expert; ``interleaved[:R]``,
     each expert's up, SwiGLU and down back to back, R rows at a time), then back; None where they are
     not grouped."""
-    import attrs
-
     if not any(layer.mlp.grouped for layer in model.model.layers):
         return None
-    how, _, rows = how.partition(":")
     kernels = model.kernels
-    model.kernels = attrs.evolve(kernels, expert_gemms=how, expert_rows=int(rows or 0))
+    model.kernels = expert_kernels(kernels, how)
     try:
         return timed(device, run, repeats)
     finally:

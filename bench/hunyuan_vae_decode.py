@@ -13,8 +13,8 @@ with the time padding; with ``--compile``, each again with the decoder under ``t
 module; a fair baseline's best setting), and Omni's compiled with channels-last weights. The table
 gives ms per image (best of ``--repeats``), the first call's seconds (a compiled decoder compiles
 there), the largest 8-bit difference from the first variant's image, and the share of values that
-differ. (2026-12-07's first run also timed
-channels-last weights and cuDNN's algorithm search: `bench/results/hunyuan-vae-decode-h100.md`.)
+differ. (2026-12-07's first run also timed channels-last weights eager and cuDNN's algorithm search:
+`bench/results/hunyuan-vae-decode-h100.md`.)
 """
 
 from __future__ import annotations
