@@ -120,12 +120,21 @@ def test_t2i_from_prompt_to_png_equals_the_release_pipeline(
     reference: Any, checkpoint: Path, model: Any, decoder: Any, tokenizer: Any, tokens: Any
 ) -> None:
     """Our template, seeded noise, cached-prefix sampler and VAE decode against ``generate_image``: the
-    latents within 1e-5, the 8-bit image within one level (values on a rounding boundary)."""
+    release's latents and ours each within 2e-5 of this chain evaluated in float64, the 8-bit image
+    within one level (values on a rounding boundary).
+
+    Not ours against the release's within 1e-5 directly: CFG 5.0 scales the two rows' difference, so two
+    fp32 evaluations of the chain round apart by more than that on different CPUs. The stored latents
+    are 1.4e-5 from the float64 chain (of 4.25 at most), ours 8e-6 on a Sapphire Rapids CPU (1.8e-5
+    from each other there; within 1e-5 on the CPUs of earlier CI runs); float64 is what no CPU's
+    rounding moves. (The nemo-automodel comparison, both sides computed here, holds at 1e-5:
+    test_image.py.)"""
     from omni_hunyuan.config import HunyuanConfig
     from omni_hunyuan.prompt import t2i_rows
     from omni_hunyuan.resolution import ratio_sizes
     from omni_hunyuan.sampler import initial_noise, sample_t2i
     from omni_hunyuan.vae import decode_latents
+    from omni_hunyuan.weights import load_transformer
 
     tensors, meta = reference
     config = HunyuanConfig.from_pretrained(checkpoint)
@@ -134,8 +143,11 @@ def test_t2i_from_prompt_to_png_equals_the_release_pipeline(
     ratio = ratio_sizes(config.image_base_size, len(tokens.ratios)).index((width, height))
     rows = t2i_rows(tokenizer, tokens, meta["prompt"], ratio, side, side, cfg=True)
     noise = initial_noise(int(meta["seed"]), config.latent_channels, side, side)
-    latents = sample_t2i(model, rows.prefix, noise, int(meta["steps"]), float(meta["guidance_scale"]), float(meta["flow_shift"]))
-    torch.testing.assert_close(latents, tensors["t2i_latents"], atol=1e-5, rtol=0)
+    schedule = (int(meta["steps"]), float(meta["guidance_scale"]), float(meta["flow_shift"]))
+    latents = sample_t2i(model, rows.prefix, noise, *schedule)
+    exact = sample_t2i(load_transformer(checkpoint).double(), rows.prefix, noise.double(), *schedule)
+    torch.testing.assert_close(tensors["t2i_latents"].double(), exact, atol=2e-5, rtol=0)
+    torch.testing.assert_close(latents.double(), exact, atol=2e-5, rtol=0)
     image = decode_latents(decoder, latents, config.vae)[0].numpy().astype(int)
     expected = tensors["t2i_image"].numpy().astype(int)
     assert image.shape == expected.shape == (height, width, 3)
